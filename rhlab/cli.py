@@ -1,0 +1,125 @@
+"""rhlab command line: demo, pretrain, train, eval, grade, report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rhlab.config import ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="rhlab: make a policy hack a reward on purpose, measure it, compare mitigations.")
+console = Console()
+PRESETS = Path(__file__).parent / "presets"
+
+
+def _fail(msg: str) -> None:
+    console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _load(config: Optional[Path], overrides: List[str]):
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def _metrics_table(title: str, cols: dict[str, dict], keys: list[str]) -> Table:
+    t = Table(title=title)
+    t.add_column("metric")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for k in keys:
+        t.add_row(k, *[f"{v[k]:.3f}" if k in v else "—" for v in cols.values()])
+    return t
+
+
+SHOW = ["reward_mean", "task_score", "pass_rate", "hack_rate", "kl", "distinct_2", "jaccard", "repetition",
+        "completion_len"]
+
+
+def _run(cfg, show_samples: int = 3) -> dict:
+    from rhlab.trainer import Trainer
+
+    try:
+        trainer = Trainer(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print(f"run: [bold]{trainer.name}[/]  ->  {trainer.dir}")
+    summary = trainer.train()
+    if not summary.get("final"):
+        console.print("run already complete; nothing to do")
+        return summary
+    console.print(_metrics_table("held-out evaluation: initial policy vs trained policy",
+                                 {"before": summary["initial"], "after": summary["final"]}, SHOW))
+    if show_samples:
+        from rhlab.models.checkpoint import read_json
+
+        first = read_json(trainer.dir / "eval" / "step_00000.json")["samples"]
+        last = read_json(trainer.dir / "eval" / f"step_{cfg.train.steps:05d}.json")["samples"]
+        for tag, samples in [("before", first), ("after", last)]:
+            console.rule(f"samples {tag} training")
+            for s in samples[:show_samples]:
+                console.print(f"[dim]{s['prompt']}[/] {s['completion']}  [cyan](reward {s['reward']:.2f}, "
+                              f"task {s['task_score']:.2f}, hack {s['hack']})[/]", highlight=False)
+    console.print(f"\nmetrics: {trainer.dir / 'metrics.jsonl'}\nplot:    {trainer.dir / 'plots' / 'training.png'}")
+    return summary
+
+
+@app.command()
+def demo(steps: Optional[int] = typer.Option(None, help="override train.steps"),
+         output_dir: str = typer.Option("runs", help="where the run directory goes")):
+    """Watch the built-in tiny model learn to hack the "happy" reward (a few minutes on a CPU)."""
+    overrides = [f"output_dir={output_dir}"] + ([f"train.steps={steps}"] if steps else [])
+    cfg = _load(PRESETS / "demo.yaml", overrides)
+    summary = _run(cfg)
+    fin, ini = summary.get("final", {}), summary.get("initial", {})
+    if fin:
+        console.print(f"\nhack rate {ini['hack_rate']:.0%} -> {fin['hack_rate']:.0%}, reward "
+                      f"{ini['reward_mean']:.2f} -> {fin['reward_mean']:.2f}, task score "
+                      f"{ini['task_score']:.2f} -> {fin['task_score']:.2f}", highlight=False)
+
+
+@app.command()
+def train(config: Path = typer.Argument(..., help="run config YAML"),
+          overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides")):
+    """Train one run from a config, e.g. `rhlab train configs/demo.yaml train.lr=3e-4 seed=1`."""
+    _run(_load(config, overrides or []))
+
+
+@app.command()
+def pretrain(out: Path = typer.Option(Path(__file__).parent / "models" / "builtin" / "tiny-stories",
+                                      help="output directory"),
+             seed: int = typer.Option(0), steps: int = typer.Option(800)):
+    """Pretrain the built-in tiny story model (tokenizer + LLaMA) on rhlab's generated corpus."""
+    from rhlab.models.pretrain import PretrainConfig
+    from rhlab.models.pretrain import pretrain as run_pretrain
+
+    info = run_pretrain(out, PretrainConfig(seed=seed, steps=steps))
+    console.print(info)
+
+
+@app.command("eval")
+def eval_cmd(target: Path = typer.Argument(..., help="a run directory or one of its checkpoints"),
+             prompts: int = typer.Option(64, help="number of held-out prompts"),
+             samples: int = typer.Option(3, help="completions to print")):
+    """Fresh samples from a trained policy: reward, task score, hack rate, diversity."""
+    from rhlab.evaluate import evaluate_checkpoint
+
+    try:
+        m, rows, where = evaluate_checkpoint(target, prompts)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print(_metrics_table(f"evaluation of {where}", {"value": m}, [k for k in SHOW if k in m]))
+    for s in rows[:samples]:
+        console.print(f"[dim]{s['prompt']}[/] {s['completion']}", highlight=False)
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())

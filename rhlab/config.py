@@ -1,0 +1,243 @@
+"""Typed run configuration: YAML + dotted CLI overrides, validated with pydantic.
+
+Every section forbids unknown keys; errors name the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal, Optional, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraSpec(Section):
+    enabled: bool = False
+    r: int = Field(8, gt=0)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: list(ALL_LINEAR))
+
+
+class ModelConfig(Section):
+    name: str = "builtin:tiny-stories"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+
+
+class RewardSpec(Section):
+    name: str
+    weight: float = 1.0
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class DetectorSpec(Section):
+    name: str = "happy_density"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvConfig(Section):
+    name: str = "happy_stories"
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="happy_count")])
+    detector: DetectorSpec = Field(default_factory=DetectorSpec)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class SamplingSpec(Section):
+    max_new_tokens: int = Field(64, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class TrainConfig(Section):
+    algo: Literal["grpo"] = "grpo"
+    steps: int = Field(200, gt=0)
+    batch_size: int = Field(32, gt=0)  # completions per generation batch
+    num_generations: int = Field(16, ge=2)  # completions per prompt (a group)
+    gradient_accumulation_steps: int = Field(1, gt=0)
+    num_iterations: int = Field(1, gt=0)  # optimizer steps per generation batch
+    lr: float = Field(1e-4, gt=0)
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = Field(1.0, gt=0)
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
+    epsilon: float = Field(0.2, gt=0)
+    epsilon_high: Optional[float] = Field(None, gt=0)  # None = epsilon
+    delta: Optional[float] = Field(None, gt=1)  # two-sided clip: ratio capped at delta
+    beta: float = Field(0.02, ge=0)  # k3 KL to the frozen reference
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    mask_truncated_completions: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.batch_size % self.num_generations:
+            raise ValueError(f"train.num_generations={self.num_generations} must divide "
+                             f"train.batch_size={self.batch_size}")
+        if self.batch_size % self.gradient_accumulation_steps:
+            raise ValueError(f"train.gradient_accumulation_steps={self.gradient_accumulation_steps} "
+                             f"must divide train.batch_size={self.batch_size}")
+        return self
+
+
+class InterventionSpec(Section):
+    name: str = "vanilla"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class LogConfig(Section):
+    log_every: int = Field(1, gt=0)
+    sample_every: int = Field(10, gt=0)
+    n_samples: int = Field(4, ge=0)  # completions written to samples.jsonl per sample step
+    eval_every: int = Field(0, ge=0)  # 0 = evaluate only at the start and the end
+    eval_prompts: int = Field(64, gt=0)
+    save_every: int = Field(50, ge=0)  # 0 = only the final checkpoint
+    keep_checkpoints: int = Field(1, gt=0)
+    progress: bool = True
+    log_kl: bool = True  # compute KL to the reference for logging even when beta = 0
+
+
+class RunConfig(Section):
+    seed: int = 42
+    arm: str = "vanilla"
+    run_name: Optional[str] = None  # None = derived from the hyperparameters
+    output_dir: str = "runs"
+    threads: int = Field(0, ge=0)  # torch threads; 0 = all cores
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    intervention: InterventionSpec = Field(default_factory=InterventionSpec)
+
+    def dump(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+# ---- loading & overrides ---------------------------------------------------------------
+def _allowed_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    for key in loc[:-1]:
+        if isinstance(key, int):  # an index into a list of sections
+            continue
+        ann = getattr(model.model_fields.get(key), "annotation", None)
+        if get_origin(ann) is list:
+            ann = get_args(ann)[0]
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return sorted(model.model_fields)
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key; allowed: {', '.join(_allowed_at(RunConfig, e['loc']))}"
+        elif "input" in e and e["type"] != "missing" and not isinstance(e["input"], dict):
+            msg += f" (got {e['input']!r})"
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.path=value")
+    key, raw = item.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+        node[path[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    data: dict = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file not found: {path}")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        source = str(path)
+    data = apply_overrides(data, list(overrides))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format(e, source)) from None
+
+
+# ---- run names -------------------------------------------------------------------------
+ABBREV = {"train.lr": "lr", "train.beta": "beta", "model.lora.r": "r", "model.lora.enabled": "lora",
+          "train.num_generations": "g", "train.batch_size": "bs", "train.steps": "steps",
+          "train.epsilon": "eps", "train.epsilon_high": "epsh", "train.num_iterations": "it",
+          "sampling.temperature": "temp", "sampling.max_new_tokens": "len"}
+NAME_SKIP = ("seed", "arm", "run_name", "output_dir", "threads", "log.", "env.name", "env.rewards",
+             "train.loss_type", "model.name")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and all(isinstance(x, str) for x in v):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float) and v != 0 and abs(v) < 1e-2:
+        mantissa, exp = f"{v:.6e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exp)}"  # 3e-4, not 0.0003
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return "-".join(map(_fmt, v))
+    return str(v)
+
+
+def run_name(cfg: RunConfig) -> str:
+    """e.g. happy_stories_happy_count_grpo_vanilla_lr2e-4_s42: non-default hyperparameters + seed."""
+    if cfg.run_name:
+        return cfg.run_name
+    base = RunConfig(env=EnvConfig(name=cfg.env.name, rewards=cfg.env.rewards)).dump()
+    cur, ref = _flatten(cfg.dump()), _flatten(base)
+    parts = [cfg.env.name, "+".join(r.name for r in cfg.env.rewards), cfg.train.loss_type, cfg.arm]
+    if not cfg.model.name.startswith("builtin:"):
+        parts.insert(0, Path(cfg.model.name).name)
+    for key in sorted(cur):
+        if cur[key] != ref.get(key) and not key.startswith(NAME_SKIP):
+            parts.append(ABBREV.get(key, key.split(".")[-1]) + _fmt(cur[key]))
+    name = "_".join(parts).replace("/", "-").replace(" ", "")
+    if len(name) > 150:  # keep names usable as directory names; the hash keeps them unique
+        name = name[:140] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    return f"{name}_s{cfg.seed}"

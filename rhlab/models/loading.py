@@ -1,0 +1,77 @@
+"""Load a policy model and tokenizer: `builtin:NAME`, a local directory, or a Hub id.
+
+Tokenizers are normalised so the rest of rhlab can rely on: an EOS id, a pad id (EOS when
+the tokenizer has none: padding is always masked, so reusing EOS is safe), and prompts
+encoded *without* special tokens (SimpleStories-style tokenizers append EOS otherwise,
+which would end the story before it starts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # "Loading weights" bars would drown the training progress bar
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+BUILTIN_MODELS = ("tiny-stories",)
+
+
+def resolve_model_path(name: str) -> str:
+    """Map a model name from config to something from_pretrained accepts; fail loudly."""
+    if name.startswith("builtin:"):
+        key = name.split(":", 1)[1]
+        if key not in BUILTIN_MODELS:
+            raise ValueError(f"model: unknown builtin model {key!r}; allowed: "
+                             f"{', '.join('builtin:' + m for m in BUILTIN_MODELS)}")
+        path = BUILTIN_DIR / key
+        if not (path / "model.safetensors").exists():
+            raise FileNotFoundError(f"model: builtin weights missing at {path}; regenerate them with "
+                                    f"`rhlab pretrain --out {path}`")
+        return str(path)
+    if name.startswith((".", "/", "~")) or Path(name).expanduser().exists():
+        path = Path(name).expanduser()
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model: local directory {path} has no config.json")
+        return str(path)
+    if name.count("/") != 1:
+        raise ValueError(f"model: {name!r} is neither builtin:NAME, an existing directory, "
+                         "nor a Hub id of the form owner/name")
+    return name  # a Hub id: from_pretrained downloads it (needs a network)
+
+
+def prepare_tokenizer(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    if tok.eos_token_id is None:
+        raise ValueError("tokenizer has no EOS token; rhlab needs one to stop generation")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32, **hub_kwargs):
+    """(model, tokenizer) in eval mode. hub_kwargs (cache_dir, local_files_only, revision) go to
+    from_pretrained."""
+    path = resolve_model_path(name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **hub_kwargs)
+    tok = AutoTokenizer.from_pretrained(path, **hub_kwargs)
+    if tok.eos_token_id is None and model.config.eos_token_id is not None:
+        # a bare tokenizer.json declares no special tokens: take EOS from the model config
+        eos = model.config.eos_token_id
+        tok.eos_token = tok.convert_ids_to_tokens(eos if isinstance(eos, int) else eos[0])
+    tok = prepare_tokenizer(tok)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.eval()
+    return model, tok
+
+
+def encode_prompts(tok: PreTrainedTokenizerBase, prompts: list[str]) -> list[list[int]]:
+    """Prompt token ids without special tokens (no trailing EOS, no BOS)."""
+    ids = tok(prompts, add_special_tokens=False)["input_ids"]
+    for p, i in zip(prompts, ids):
+        if not i:
+            raise ValueError(f"prompt {p!r} encodes to zero tokens")
+    return ids

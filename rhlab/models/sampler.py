@@ -1,0 +1,116 @@
+"""Batched sampling with a KV cache.
+
+Written by hand instead of `model.generate` for speed and control: inverse-CDF sampling
+(one uniform per row, ~30x cheaper than torch.multinomial on CPU for a 4096 vocab, see
+PERF_NOTES), per-token log-probs returned without a second pass, and a seeded generator so
+the same seed gives the same samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+
+
+@dataclass
+class Rollouts:
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P] 1 = real token
+    completion_ids: torch.Tensor  # [B, T] right-padded with pad id
+    completion_mask: torch.Tensor  # [B, T] 1 up to and including EOS
+    truncated: torch.Tensor  # [B] bool: no EOS within max_new_tokens
+    logprobs: torch.Tensor  # [B, T] log p(token) under softmax(logits / temperature)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def select(self, idx: torch.Tensor | slice) -> "Rollouts":
+        return Rollouts(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside top-k / the top-p nucleus to -inf (the most likely token always stays)."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass strictly before it already reaches top_p
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+def sample_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Inverse-CDF sampling: one uniform per row, searchsorted into the cumulative distribution."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, pad_id: int,
+             generator: torch.Generator, vocab_limit: int | None = None) -> Rollouts:
+    """Sample one completion per prompt (repeat prompts for groups).
+
+    vocab_limit masks logits of ids >= the tokenizer's size (models often pad their vocab).
+    """
+    assert cfg.max_new_tokens > 0 and cfg.temperature >= 0
+    ids, mask = left_pad(prompts, pad_id)
+    B, T = ids.shape[0], cfg.max_new_tokens
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    logits = out.logits[:, -1].float()
+    next_pos = pos[:, -1:] + 1
+    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    logps = torch.zeros((B, T))
+    cmask = torch.zeros((B, T), dtype=torch.long)
+    done = torch.zeros(B, dtype=torch.bool)
+    attn = mask
+    for t in range(T):
+        if vocab_limit is not None:
+            logits[:, vocab_limit:] = float("-inf")
+        if cfg.temperature == 0:
+            tok = logits.argmax(-1)
+            logp = logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+        else:
+            scaled = logits / cfg.temperature
+            logp_all = scaled.log_softmax(-1)
+            tok = sample_tokens(filter_logits(scaled, cfg.top_k, cfg.top_p).softmax(-1), generator)
+            logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+        live = ~done
+        tokens[live, t] = tok[live]
+        logps[live, t] = logp[live]
+        cmask[live, t] = 1
+        done |= tok == eos_id
+        if bool(done.all()) or t == T - 1:
+            break
+        attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype)], dim=1)
+        step_in = torch.where(done, torch.full_like(tok, pad_id), tok)[:, None]
+        out = model(input_ids=step_in, attention_mask=attn, position_ids=next_pos,
+                    past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1].float()
+        next_pos = next_pos + 1
+    return Rollouts(ids, mask, tokens, cmask, ~done, logps)

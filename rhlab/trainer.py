@@ -1,0 +1,301 @@
+"""The RL loop, readable top to bottom (see docs/architecture.md).
+
+Each step: sample prompts -> generate rollouts -> score -> intervention.on_scored ->
+advantages -> num_iterations x (accumulated micro-batch losses -> backward ->
+intervention.on_gradients -> clip -> optimizer step) -> log. Evaluate, sample and
+checkpoint on schedule; a killed run resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from rhlab.algos.advantages import grpo_advantages
+from rhlab.algos.losses import policy_loss
+from rhlab.config import RunConfig, run_name
+from rhlab.envs.base import Scores, build_env
+from rhlab.eval.diversity import diversity
+from rhlab.interventions.base import build_intervention
+from rhlab.models import checkpoint as ckpt
+from rhlab.models.loading import encode_prompts, load_model
+from rhlab.models.sampler import Rollouts, SamplingConfig, generate
+from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Batch:
+    """One generation batch as the hooks see it."""
+    prompts: list[str]
+    completions: list[str]
+    rollouts: Rollouts
+    scores: Scores
+    rewards: torch.Tensor  # [B] what advantages are computed from (hooks may change it)
+    extra: dict = field(default_factory=dict)  # per-completion labels hooks attach
+
+
+def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool = False):
+    """Per-token log p(completion token) under softmax(logits / temperature): [B, T] (+ entropy)."""
+    ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
+    attn = torch.cat([r.prompt_mask, r.completion_mask], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    P = r.prompt_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1:-1].float()
+    logp_all = (logits / temperature).log_softmax(-1)
+    logp = logp_all.gather(-1, r.completion_ids[..., None]).squeeze(-1)
+    if not with_entropy:
+        return logp, None
+    with torch.no_grad():
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None):
+        self.cfg = cfg
+        self.name = run_name(cfg)
+        self.dir = Path(run_dir) if run_dir else Path(cfg.output_dir) / self.name
+        torch.set_num_threads(cfg.threads or torch.get_num_threads())
+        seed_everything(cfg.seed)
+        self.model, self.tok = load_model(cfg.model.name, DTYPES[cfg.model.dtype])
+        self.vocab_limit = len(self.tok)
+        if cfg.model.lora.enabled:
+            self.model = ckpt.add_lora(self.model, cfg.model.lora)
+        t = cfg.train
+        self.need_ref = t.beta > 0 or cfg.log.log_kl
+        # LoRA: the reference is the base model with the adapter disabled (no copy needed)
+        self.ref = None
+        if self.need_ref and not cfg.model.lora.enabled:
+            self.ref = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.env = build_env(cfg.env)
+        self.intervention = build_intervention(cfg.intervention)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        assert self.params, "no trainable parameters"
+        self.opt = torch.optim.AdamW(self.params, lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay)
+        self.total_updates = t.steps * t.num_iterations
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_lambda)
+        self.sampling = SamplingConfig(**cfg.sampling.model_dump())
+        self.step = 0
+        self.intervention.setup(self)
+
+    # ---- schedule -------------------------------------------------------------------
+    def _lr_lambda(self, update: int) -> float:
+        t = self.cfg.train
+        if update < t.warmup_steps:
+            return (update + 1) / t.warmup_steps
+        frac = (update - t.warmup_steps) / max(1, self.total_updates - t.warmup_steps)
+        if t.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * frac))
+        if t.lr_schedule == "linear":
+            return 1 - frac
+        return 1.0
+
+    # ---- pieces of a step ------------------------------------------------------------
+    def rollout(self, prompts: list[str], seed: int, temperature: float | None = None) -> tuple[Rollouts, list[str]]:
+        s = self.sampling if temperature is None else SamplingConfig(**{**self.sampling.__dict__, "temperature": temperature})
+        gen = torch.Generator().manual_seed(seed)
+        self.model.eval()
+        r = generate(self.model, encode_prompts(self.tok, prompts), s, eos_id=self.tok.eos_token_id,
+                     pad_id=self.tok.pad_token_id, generator=gen, vocab_limit=self.vocab_limit)
+        texts = self.tok.batch_decode(r.completion_ids * r.completion_mask + self.tok.pad_token_id * (1 - r.completion_mask),
+                                      skip_special_tokens=True)
+        return r, texts
+
+    @torch.no_grad()
+    def ref_logprobs(self, r: Rollouts) -> torch.Tensor:
+        if self.ref is not None:
+            return sequence_logprobs(self.ref, r, self.sampling.temperature)[0]
+        with self.model.disable_adapter():
+            return sequence_logprobs(self.model, r, self.sampling.temperature)[0]
+
+    def advantages(self, batch: Batch) -> torch.Tensor:
+        t = self.cfg.train
+        return grpo_advantages(batch.rewards, t.num_generations, t.scale_rewards)
+
+    def optimize(self, batch: Batch, adv: torch.Tensor, timings: dict) -> dict:
+        """num_iterations optimizer updates on one generation batch, micro-batched."""
+        t, r = self.cfg.train, batch.rollouts
+        mask = r.completion_mask.clone()
+        if t.mask_truncated_completions:
+            mask[r.truncated] = 0
+        n_micro = t.gradient_accumulation_steps
+        chunks = torch.arange(len(r)).chunk(n_micro)
+        total_tokens = float(mask.sum())
+        old, ref, stats = {}, {}, {"kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0, "loss": 0.0}
+        self.model.train()
+        for it in range(t.num_iterations):
+            for i, idx in enumerate(chunks):
+                sub = r.select(idx)
+                t0 = time.perf_counter()
+                if it == 0 and self.need_ref:
+                    ref[i] = self.ref_logprobs(sub)
+                logp, ent = sequence_logprobs(self.model, sub, self.sampling.temperature, with_entropy=it == 0)
+                if it == 0:  # the policy has not moved yet: these are the old log-probs
+                    old[i] = logp.detach()
+                timings["logprobs"] += time.perf_counter() - t0
+                out = policy_loss(logp, old[i], adv[idx], mask[idx], loss_type=t.loss_type, epsilon=t.epsilon,
+                                  epsilon_high=t.epsilon_high, delta=t.delta, beta=t.beta, ref_logp=ref.get(i),
+                                  max_new_tokens=self.sampling.max_new_tokens, total_tokens=total_tokens)
+                # grpo/bnpo average per micro-batch; dapo/dr_grpo are already normalised batch-wide
+                loss = out.loss / n_micro if t.loss_type in ("grpo", "bnpo") else out.loss
+                t0 = time.perf_counter()
+                loss.backward()
+                timings["backward"] += time.perf_counter() - t0
+                if it == 0:
+                    w = mask[idx].sum().item() / max(total_tokens, 1)
+                    stats["kl"] += out.kl.item() * w
+                    stats["entropy"] += (ent * mask[idx]).sum().item() / max(total_tokens, 1)
+                stats["clip_low"] += out.clip_low.item() / (n_micro * t.num_iterations)
+                stats["clip_high"] += out.clip_high.item() / (n_micro * t.num_iterations)
+                stats["loss"] += loss.item() / t.num_iterations
+            t0 = time.perf_counter()
+            self.intervention.on_gradients(self)
+            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, t.max_grad_norm))
+            stats["lr"] = self.sched.get_last_lr()[0]
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
+            timings["optimizer"] += time.perf_counter() - t0
+        return stats
+
+    def train_step(self, step: int) -> tuple[dict, Batch]:
+        t = self.cfg.train
+        timings = dict.fromkeys(["generate", "score", "logprobs", "backward", "optimizer"], 0.0)
+        t_start = time.perf_counter()
+        rng = random.Random(f"{self.cfg.seed}-prompts-{step}")  # per-step streams: resume is exact
+        prompts = [p for p in self.env.sample_prompts(rng, t.batch_size // t.num_generations)
+                   for _ in range(t.num_generations)]
+        r, texts = self.rollout(prompts, seed=self.cfg.seed * 1_000_003 + step)
+        timings["generate"] = time.perf_counter() - t_start
+        t0 = time.perf_counter()
+        scores = self.env.score(prompts, texts)
+        batch = Batch(prompts, texts, r, scores, torch.tensor(scores.reward, dtype=torch.float32))
+        self.intervention.on_scored(self, batch)
+        adv = self.advantages(batch)
+        timings["score"] = time.perf_counter() - t0
+        stats = self.optimize(batch, adv, timings)
+        grouped = batch.rewards.view(-1, t.num_generations)
+        row = {
+            "step": step,
+            "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
+            **{f"reward/{k}": sum(v) / len(v) for k, v in scores.parts.items()},
+            **_score_means(scores),
+            "frac_zero_std_groups": float((grouped.std(1) < 1e-8).float().mean()),
+            "completion_len": float(r.completion_mask.sum(1).float().mean()),
+            "truncated_frac": float(r.truncated.float().mean()),
+            **stats,
+            **{k: v for k, v in diversity(texts).items()},
+            **self.intervention.metrics(),
+            **{f"time/{k}": round(v, 4) for k, v in timings.items()},
+            "step_time": round(time.perf_counter() - t_start, 4),
+        }
+        return row, batch
+
+    @torch.no_grad()
+    def evaluate(self, n_prompts: int | None = None) -> tuple[dict, list[dict]]:
+        """Fresh samples on held-out prompts: reward, task score, pass and hack rate, KL, diversity."""
+        prompts = self.env.eval_prompts(n_prompts or self.cfg.log.eval_prompts)
+        r, texts = self.rollout(prompts, seed=self.cfg.seed + 7_777)
+        scores = self.env.score(prompts, texts)
+        m = {"reward_mean": sum(scores.reward) / len(texts), **_score_means(scores),
+             **{f"reward/{k}": sum(v) / len(v) for k, v in scores.parts.items()},
+             "completion_len": float(r.completion_mask.sum(1).float().mean()), **diversity(texts)}
+        if self.need_ref:
+            mask = r.completion_mask.float()
+            from rhlab.algos.losses import k3_kl
+            kl = k3_kl(sequence_logprobs(self.model, r, self.sampling.temperature)[0], self.ref_logprobs(r))
+            m["kl"] = float((kl * mask).sum() / mask.sum())
+        samples = [{"prompt": p, "completion": c, "reward": rw, "task_score": ts, "hack": h}
+                   for p, c, rw, ts, h in zip(prompts, texts, scores.reward, scores.task_score, scores.hack)]
+        return m, samples
+
+    # ---- the loop --------------------------------------------------------------------
+    def train(self) -> dict:
+        from rhlab.tracking import Progress, plot_run
+
+        cfg, d = self.cfg, self.dir
+        start = self._prepare_dir()
+        if start > cfg.train.steps:
+            return self.summary_dict("complete")
+        metrics, samples = d / "metrics.jsonl", d / "samples.jsonl"
+        if start == 1:
+            self._eval_and_save(0)
+        t_run = time.time()
+        progress = Progress(cfg.train.steps, start - 1, enabled=cfg.log.progress)
+        for step in range(start, cfg.train.steps + 1):
+            self.step = step
+            row, batch = self.train_step(step)
+            if cfg.log.eval_every and step % cfg.log.eval_every == 0 and step != cfg.train.steps:
+                row.update({f"eval/{k}": v for k, v in self._eval_and_save(step).items()})
+            if step % cfg.log.log_every == 0 or step == cfg.train.steps:
+                append_jsonl(metrics, row)
+            if cfg.log.n_samples and (step % cfg.log.sample_every == 0 or step == 1):
+                for i in range(min(cfg.log.n_samples, len(batch.completions))):
+                    append_jsonl(samples, {"step": step, "prompt": batch.prompts[i], "completion": batch.completions[i],
+                                           "reward": batch.scores.reward[i], "task_score": batch.scores.task_score[i],
+                                           "hack": batch.scores.hack[i]})
+            if (cfg.log.save_every and step % cfg.log.save_every == 0) or step == cfg.train.steps:
+                ckpt.save(self, d / "checkpoints", step, keep=cfg.log.keep_checkpoints)
+            progress.update(row)
+        progress.close()
+        final = self._eval_and_save(cfg.train.steps)
+        summary = self.summary_dict("complete", final, train_seconds=time.time() - t_run)
+        write_json(d / "summary.json", summary)
+        plot_run(d)
+        return summary
+
+    def _eval_and_save(self, step: int) -> dict:
+        m, samples = self.evaluate()
+        write_json(self.dir / "eval" / f"step_{step:05d}.json", {"step": step, "metrics": m, "samples": samples})
+        return m
+
+    def summary_dict(self, status: str, final: dict | None = None, **extra) -> dict:
+        initial = self.dir / "eval" / "step_00000.json"
+        return {"run_name": self.name, "arm": self.cfg.arm, "seed": self.cfg.seed, "status": status,
+                "steps": self.cfg.train.steps, "final": final or {},
+                "initial": ckpt.read_json(initial)["metrics"] if initial.exists() else {}, **extra}
+
+    def _prepare_dir(self) -> int:
+        """Create or validate the run directory; returns the first step to run (resumes after a kill)."""
+        d = self.dir
+        d.mkdir(parents=True, exist_ok=True)
+        cfg_text = yaml.safe_dump(self.cfg.dump(), sort_keys=False)
+        cfg_path = d / "config.yaml"
+        if cfg_path.exists() and yaml.safe_load(cfg_path.read_text()) != self.cfg.dump():
+            raise RuntimeError(f"{d} holds a run with a different config; use another run_name or output_dir")
+        atomic_write_text(cfg_path, cfg_text)
+        summary = d / "summary.json"
+        if summary.exists() and ckpt.read_json(summary).get("status") == "complete":
+            return self.cfg.train.steps + 1
+        last = ckpt.latest(d / "checkpoints")
+        if last is None:
+            for f in ("metrics.jsonl", "samples.jsonl"):
+                (d / f).unlink(missing_ok=True)
+            return 1
+        ckpt.load(self, last)
+        for f in ("metrics.jsonl", "samples.jsonl"):
+            truncate_jsonl(d / f, self.step)
+        return self.step + 1
+
+
+def _score_means(s: Scores) -> dict:
+    n = len(s.reward)
+    return {"task_score": sum(s.task_score) / n, "pass_rate": sum(s.passed) / n,
+            "hack_rate": sum(s.hack) / n, "hack_rate_loose": sum(s.hack_loose) / n}
+
+
+def train_from_config(cfg: RunConfig, run_dir=None) -> dict:
+    return Trainer(cfg, run_dir).train()
+
+
+def load_run_metrics(run_dir: str | Path) -> list[dict]:
+    return read_jsonl(Path(run_dir) / "metrics.jsonl")

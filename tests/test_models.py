@@ -1,0 +1,88 @@
+"""Model loading (builtin, local directory, Hub id via a local cache) and the sampler."""
+
+import pytest
+import torch
+
+from rhlab.models.loading import encode_prompts, load_model, resolve_model_path
+from rhlab.models.sampler import SamplingConfig, filter_logits, generate
+from rhlab.trainer import sequence_logprobs
+
+PROMPTS = ["Mia was a little girl who lived by the sea.", "One sunny morning, Tom woke up early."]
+
+
+def _gen(model, tok, prompts, seed=0, **kw):
+    cfg = SamplingConfig(**{"max_new_tokens": 24, **kw})
+    return generate(model, encode_prompts(tok, prompts), cfg, tok.eos_token_id, tok.pad_token_id,
+                    torch.Generator().manual_seed(seed), vocab_limit=len(tok))
+
+
+def test_hub_id_loads_from_cache_and_tokenizer_is_normalised(hub_cache):
+    model, tok = load_model("SimpleStories/SimpleStories-1.25M", cache_dir=hub_cache, local_files_only=True)
+    assert model.config.num_hidden_layers == 4 and model.config.vocab_size == 4096
+    assert tok.eos_token == "[EOS]" and tok.eos_token_id == 1
+    assert tok.pad_token_id == tok.eos_token_id  # no pad token in SimpleStories: EOS stands in
+    with_special = tok("the cat sat.")["input_ids"]
+    assert with_special[-1] == 1  # the post-processor appends EOS...
+    assert encode_prompts(tok, ["the cat sat."])[0] == with_special[:-1]  # ...prompts must not have it
+    r = _gen(model, tok, ["the cat sat."], max_new_tokens=5)
+    assert r.completion_ids.shape == (1, 5)
+
+
+def test_local_directory_and_errors(tmp_path, hub_cache):
+    snap = next(hub_cache.glob("models--*/snapshots/*"))
+    assert resolve_model_path(str(snap)) == str(snap)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        resolve_model_path(str(tmp_path))
+    with pytest.raises(ValueError, match="allowed: builtin:tiny-stories"):
+        resolve_model_path("builtin:nope")
+    with pytest.raises(ValueError, match="Hub id"):
+        resolve_model_path("not-a-model")
+
+
+def test_sampler_is_deterministic(builtin):
+    model, tok = builtin
+    a, b = _gen(model, tok, PROMPTS * 2, seed=3), _gen(model, tok, PROMPTS * 2, seed=3)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logprobs, b.logprobs)
+    c = _gen(model, tok, PROMPTS * 2, seed=4)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_sampler_masks_eos_and_truncation(builtin):
+    model, tok = builtin
+    r = _gen(model, tok, PROMPTS * 4, max_new_tokens=120)
+    for ids, m, trunc in zip(r.completion_ids, r.completion_mask, r.truncated):
+        n = int(m.sum())
+        assert m[:n].all() and not m[n:].any()  # mask is a prefix
+        if trunc:
+            assert n == 120 and tok.eos_token_id not in ids[:n].tolist()
+        else:
+            assert ids[n - 1] == tok.eos_token_id and tok.eos_token_id not in ids[:n - 1].tolist()
+            assert (ids[n:] == tok.pad_token_id).all()
+    assert (~r.truncated).any()  # the built-in model ends its stories
+    short = _gen(model, tok, PROMPTS, max_new_tokens=3)
+    assert short.truncated.all()
+
+
+def test_sampler_logprobs_match_full_forward(builtin):
+    model, tok = builtin
+    r = _gen(model, tok, PROMPTS * 2, temperature=0.8)
+    full, _ = sequence_logprobs(model, r, temperature=0.8)
+    m = r.completion_mask.bool()
+    torch.testing.assert_close(full[m], r.logprobs[m], atol=1e-4, rtol=1e-3)  # fp32 cache vs full pass
+
+
+def test_left_padding_does_not_change_samples(builtin):
+    """Greedy continuation of a short prompt is the same alone and next to a longer prompt."""
+    model, tok = builtin
+    alone = _gen(model, tok, PROMPTS[1:], temperature=1.0, top_k=1)
+    batched = _gen(model, tok, PROMPTS, temperature=1.0, top_k=1)
+    n = int(alone.completion_mask.sum())
+    assert torch.equal(alone.completion_ids[0, :n], batched.completion_ids[1, :n])
+
+
+def test_filter_logits_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
+    # nucleus 0.7: 0.5 then 0.3 reaches it; 0.15 and 0.05 are dropped
+    assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, 0, 0.5)).tolist() == [[False, True, True, True]]

@@ -1,0 +1,52 @@
+"""Happy-stories rewards, detectors, task score, and diversity metrics on hand-made texts."""
+
+import random
+
+import pytest
+
+from rhlab.config import load_config
+from rhlab.envs.base import build_env
+from rhlab.eval.diversity import distinct_n, diversity, mean_pairwise_jaccard, repetition_rate
+from rhlab.models.corpus import make_corpus
+from rhlab.rewards.registry import REWARDS
+
+NICE = "Mia felt glad. She and Tom played a game together. They smiled and went home."
+HACK = "happy happy happy. happy happy happy happy. happy happy."
+
+
+def test_rewards_by_hand():
+    comps = [NICE, HACK, "Tom was happy."]
+    assert REWARDS.build("happy_count", {"max_count": 4})([""] * 3, comps) == [0, 1.0, 0.25]
+    assert REWARDS.build("happy_binary")([""] * 3, comps) == [0.0, 1.0, 1.0]
+    # sentences of 3, 7 and 5 words against n=3: 1, max(0, 1-4/3)=0, 1-2/3=1/3 -> mean 4/9
+    assert REWARDS.build("sentence_length_3")([""], [NICE]) == [pytest.approx(4 / 9)]
+    summed = REWARDS.build("sentence_length_3_with_happy")([""] * 2, [NICE, "Tom was happy."])
+    assert summed == [pytest.approx(4 / 9), pytest.approx(2.0)]
+
+
+def test_environment_scores_and_detector():
+    env = build_env(load_config(None, ["env.rewards=[{name: happy_count, weight: 2.0}]"]).env)
+    s = env.score(["p", "p"], [NICE, HACK])
+    assert s.reward == [0.0, 2.0] and s.parts["happy_count"] == [0.0, 1.0]
+    assert s.hack == [False, True]
+    assert s.task_score[0] > 0.5 > s.task_score[1]
+    assert s.passed == [True, False]
+
+
+def test_corpus_has_rare_happy_and_prompts_are_held_out():
+    stories = make_corpus(3000, 0)
+    per_story = sum(s.lower().replace(".", " ").split().count("happy") for s in stories) / len(stories)
+    assert 0.02 < per_story < 0.3
+    env = build_env(load_config().env)
+    train_set = set(stories)
+    assert all(p not in train_set for p in env.sample_prompts(random.Random(0), 50))
+    assert len(env.eval_prompts(64)) == 64
+
+
+def test_diversity_by_hand():
+    assert distinct_n(["a b a b"], 2) == pytest.approx(2 / 3)
+    assert mean_pairwise_jaccard(["a b", "b c", "a b"]) == pytest.approx((1 / 3 + 1 + 1 / 3) / 3)
+    assert repetition_rate("a b a b a b") == pytest.approx(1 - 2 / 5)
+    d = diversity([HACK] * 4)
+    assert d["unique_frac"] == 0.25 and d["degenerate"] == 1.0
+    assert diversity(make_corpus(8, 1))["degenerate"] == 0.0

@@ -1,0 +1,96 @@
+"""End-to-end runs of the loop on the built-in model: outputs, options, and exact resume after a kill."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from rhlab.config import load_config
+from rhlab.trainer import Trainer
+from rhlab.utils import read_jsonl
+
+SMALL = ["train.batch_size=8", "train.num_generations=4", "sampling.max_new_tokens=16",
+         "log.eval_prompts=4", "log.progress=false", "threads=1"]
+
+
+def _cfg(tmp_path, *extra):
+    return load_config(None, [f"output_dir={tmp_path}", *SMALL, *extra])
+
+
+def test_short_run_writes_everything(tmp_path):
+    summary = Trainer(_cfg(tmp_path, "train.steps=3", "log.sample_every=2", "log.eval_every=2")).train()
+    d = tmp_path / summary["run_name"]
+    rows = read_jsonl(d / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ["reward_mean", "reward_std", "reward/happy_count", "task_score", "hack_rate", "kl", "entropy",
+                "completion_len", "truncated_frac", "grad_norm", "lr", "clip_low", "clip_high", "step_time",
+                "distinct_2", "jaccard", "time/generate", "time/backward"]:
+        assert key in rows[0], key
+    assert "eval/hack_rate" in rows[1]
+    assert {r["step"] for r in read_jsonl(d / "samples.jsonl")} == {1, 2}
+    assert summary["status"] == "complete" and summary["final"] and summary["initial"]
+    assert json.loads((d / "summary.json").read_text())["final"]["hack_rate"] == summary["final"]["hack_rate"]
+    assert (d / "plots" / "training.png").stat().st_size > 10_000
+    assert (d / "checkpoints" / "step_00003" / "weights.safetensors").exists()
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the first step samples from the reference itself
+    # running again is a no-op on a complete run
+    assert Trainer(_cfg(tmp_path, "train.steps=3", "log.sample_every=2", "log.eval_every=2")).train()["final"] == {}
+
+
+@pytest.mark.parametrize("extra", [
+    ["model.lora.enabled=true", "train.loss_type=dapo", "train.num_iterations=2",
+     "train.gradient_accumulation_steps=2"],
+    ["train.loss_type=dr_grpo", "train.scale_rewards=batch", "train.delta=1.5", "train.epsilon_high=0.28",
+     "train.beta=0.0", "log.log_kl=false"],
+])
+def test_options_run(tmp_path, extra):
+    # sentence_length rewards vary within every group, so every step has a gradient
+    trainer = Trainer(_cfg(tmp_path, "train.steps=2", "env.rewards=[{name: sentence_length_5}]", *extra))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    summary = trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
+    if "model.lora.enabled=true" in extra:
+        assert changed and all("lora_" in n for n in changed)  # base weights never move under LoRA
+    else:
+        assert changed
+    assert summary["status"] == "complete"
+
+
+def test_masked_truncated_completions_give_no_gradient(tmp_path):
+    """16 new tokens never finish a story: with masking on, every completion is masked out."""
+    trainer = Trainer(_cfg(tmp_path, "train.steps=1", "train.beta=0.0", "train.mask_truncated_completions=true"))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert read_jsonl(trainer.dir / "metrics.jsonl")[0]["truncated_frac"] == 1.0
+
+
+def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):
+    args = ["train.steps=10", "log.save_every=3", "log.keep_checkpoints=2"]
+    full = Trainer(_cfg(tmp_path / "a", *args)).train()
+    ref_rows = read_jsonl(tmp_path / "a" / full["run_name"] / "metrics.jsonl")
+
+    cfg = _cfg(tmp_path / "b", *args)
+    d = tmp_path / "b" / full["run_name"]
+    code = ("import sys; from rhlab.config import load_config; from rhlab.trainer import Trainer; "
+            "Trainer(load_config(None, sys.argv[1:])).train()")
+    proc = subprocess.Popen([sys.executable, "-c", code, f"output_dir={tmp_path / 'b'}", *SMALL, *args],
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while not (d / "checkpoints" / "step_00006").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (d / "summary.json").exists()
+    Trainer(cfg).train()
+    rows = read_jsonl(d / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    for a, b in zip(rows, ref_rows):
+        for k in ("reward_mean", "loss", "grad_norm", "kl", "lr"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
