@@ -121,5 +121,23 @@ def eval_cmd(target: Path = typer.Argument(..., help="a run directory or one of 
         console.print(f"[dim]{s['prompt']}[/] {s['completion']}", highlight=False)
 
 
+@app.command()
+def report(runs: List[Path] = typer.Argument(..., help="run directories or folders holding them"),
+           out: Path = typer.Option(..., "--out", help="output directory"),
+           reference: Optional[str] = typer.Option(None, help="reference arm for delta SafePass (default vanilla)"),
+           hypotheses: Optional[Path] = typer.Option(None, help="YAML of preregistered claims")):
+    """Tables (mean ± SEM by arm), hack-vs-pass Pareto plot, learning curves, hypothesis checks, HTML."""
+    from rhlab.report import ReportError, build_report
+
+    try:
+        res = build_report(runs, out, reference_arm=reference, hypotheses_path=hypotheses)
+    except ReportError as e:
+        _fail(str(e))
+    console.print(res["table_text"], highlight=False)
+    for h in res.get("hypotheses") or []:
+        console.print(f"hypothesis {h['name']}: [bold]{h['verdict']}[/]", highlight=False)
+    console.print(f"report: {out / 'report.html'}")
+
+
 def main() -> None:  # pragma: no cover
     sys.exit(app())

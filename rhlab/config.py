@@ -60,10 +60,13 @@ class SamplingSpec(Section):
     temperature: float = Field(1.0, gt=0)
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)  # HF semantics; sampling only, not in the loss
 
 
 class TrainConfig(Section):
-    algo: Literal["grpo"] = "grpo"
+    algo: Literal["grpo", "rloo", "reinforce"] = "grpo"  # how advantages are computed
+    kl_in_reward: bool = False  # fold beta * summed k1 KL into the reward instead of the loss
+    baseline_momentum: float = Field(0.9, ge=0, lt=1)  # reinforce's moving-average baseline
     steps: int = Field(200, gt=0)
     batch_size: int = Field(32, gt=0)  # completions per generation batch
     num_generations: int = Field(16, ge=2)  # completions per prompt (a group)
@@ -196,9 +199,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
 ABBREV = {"train.lr": "lr", "train.beta": "beta", "model.lora.r": "r", "model.lora.enabled": "lora",
           "train.num_generations": "g", "train.batch_size": "bs", "train.steps": "steps",
           "train.epsilon": "eps", "train.epsilon_high": "epsh", "train.num_iterations": "it",
-          "sampling.temperature": "temp", "sampling.max_new_tokens": "len"}
+          "sampling.temperature": "temp", "sampling.max_new_tokens": "len", "train.lr_schedule": "sched",
+          "train.scale_rewards": "scale", "train.gradient_accumulation_steps": "ga"}
+# Parts of the config already in the name's head, or that do not change what is trained.
 NAME_SKIP = ("seed", "arm", "run_name", "output_dir", "threads", "log.", "env.name", "env.rewards",
-             "train.loss_type", "model.name")
+             "env.detector", "train.loss_type", "train.algo", "model.name", "intervention.name")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -231,7 +236,8 @@ def run_name(cfg: RunConfig) -> str:
         return cfg.run_name
     base = RunConfig(env=EnvConfig(name=cfg.env.name, rewards=cfg.env.rewards)).dump()
     cur, ref = _flatten(cfg.dump()), _flatten(base)
-    parts = [cfg.env.name, "+".join(r.name for r in cfg.env.rewards), cfg.train.loss_type, cfg.arm]
+    algo = cfg.train.loss_type if cfg.train.algo == "grpo" else cfg.train.algo
+    parts = [cfg.env.name, "+".join(r.name for r in cfg.env.rewards), algo, cfg.arm]
     if not cfg.model.name.startswith("builtin:"):
         parts.insert(0, Path(cfg.model.name).name)
     for key in sorted(cur):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -38,7 +39,7 @@ class Progress:
 
 
 def plot_run(run_dir: str | Path) -> Path:
-    """plots/training.png: reward, task score and hack rate over steps (+ eval points)."""
+    """plots/training.png: reward, task score and hack rate over steps, with the held-out evaluations."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -47,6 +48,7 @@ def plot_run(run_dir: str | Path) -> Path:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert rows, f"{run_dir}/metrics.jsonl is empty"
     steps = [r["step"] for r in rows]
+    evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, key, title in zip(axes, ["reward_mean", "task_score", "hack_rate"], ["reward", "task score", "hack rate"]):
         ax.plot(steps, [r[key] for r in rows], color="0.7", lw=0.8, label="train batch")
@@ -54,7 +56,7 @@ def plot_run(run_dir: str | Path) -> Path:
         for r in rows:
             smooth.append(ema.update(r[key]))
         ax.plot(steps, smooth, color="C0", lw=2, label="EMA")
-        ev = [(r["step"], r[f"eval/{key}"]) for r in rows if f"eval/{key}" in r]
+        ev = [(e["step"], e["metrics"][key]) for e in evals if key in e["metrics"]]
         if ev:
             ax.plot(*zip(*ev), "o", color="C3", label="eval")
         ax.set_title(title)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from rhlab.algos.advantages import grpo_advantages
+from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advantages
 from rhlab.algos.losses import policy_loss
 from rhlab.config import RunConfig, run_name
 from rhlab.envs.base import Scores, build_env
@@ -84,6 +84,7 @@ class Trainer:
         self.total_updates = t.steps * t.num_iterations
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_lambda)
         self.sampling = SamplingConfig(**cfg.sampling.model_dump())
+        self.baseline = MovingBaseline(t.baseline_momentum) if t.algo == "reinforce" else None
         self.step = 0
         self.intervention.setup(self)
 
@@ -119,7 +120,22 @@ class Trainer:
 
     def advantages(self, batch: Batch) -> torch.Tensor:
         t = self.cfg.train
+        if t.algo == "rloo":
+            return rloo_advantages(batch.rewards, t.num_generations)
+        if t.algo == "reinforce":
+            return self.baseline.advantages(batch.rewards)
         return grpo_advantages(batch.rewards, t.num_generations, t.scale_rewards)
+
+    def fold_kl_into_reward(self, batch: Batch) -> dict:
+        """kl_in_reward: R_i <- R_i - beta * sum_t (logp - ref) over the completion (k1 per sequence).
+        logp comes from the sampler (no extra pass); ref is kept for the loss's KL metric."""
+        r = batch.rollouts
+        ref = torch.cat([self.ref_logprobs(r.select(idx)) for idx in torch.arange(len(r)).chunk(
+            self.cfg.train.gradient_accumulation_steps)])
+        batch.extra["ref_logp"] = ref
+        seq_kl = ((r.logprobs - ref) * r.completion_mask).sum(1)
+        batch.rewards = batch.rewards - self.cfg.train.beta * seq_kl
+        return {"seq_kl": float(seq_kl.mean())}
 
     def optimize(self, batch: Batch, adv: torch.Tensor, timings: dict) -> dict:
         """num_iterations optimizer updates on one generation batch, micro-batched."""
@@ -130,20 +146,22 @@ class Trainer:
         n_micro = t.gradient_accumulation_steps
         chunks = torch.arange(len(r)).chunk(n_micro)
         total_tokens = float(mask.sum())
-        old, ref, stats = {}, {}, {"kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0, "loss": 0.0}
+        loss_beta = 0.0 if t.kl_in_reward else t.beta
+        old, stats = {}, {"kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0, "loss": 0.0}
+        ref = {i: batch.extra["ref_logp"][idx] for i, idx in enumerate(chunks)} if "ref_logp" in batch.extra else {}
         self.model.train()
         for it in range(t.num_iterations):
             for i, idx in enumerate(chunks):
                 sub = r.select(idx)
                 t0 = time.perf_counter()
-                if it == 0 and self.need_ref:
+                if it == 0 and self.need_ref and i not in ref:
                     ref[i] = self.ref_logprobs(sub)
                 logp, ent = sequence_logprobs(self.model, sub, self.sampling.temperature, with_entropy=it == 0)
                 if it == 0:  # the policy has not moved yet: these are the old log-probs
                     old[i] = logp.detach()
                 timings["logprobs"] += time.perf_counter() - t0
                 out = policy_loss(logp, old[i], adv[idx], mask[idx], loss_type=t.loss_type, epsilon=t.epsilon,
-                                  epsilon_high=t.epsilon_high, delta=t.delta, beta=t.beta, ref_logp=ref.get(i),
+                                  epsilon_high=t.epsilon_high, delta=t.delta, beta=loss_beta, ref_logp=ref.get(i),
                                   max_new_tokens=self.sampling.max_new_tokens, total_tokens=total_tokens)
                 # grpo/bnpo average per micro-batch; dapo/dr_grpo are already normalised batch-wide
                 loss = out.loss / n_micro if t.loss_type in ("grpo", "bnpo") else out.loss
@@ -180,13 +198,17 @@ class Trainer:
         scores = self.env.score(prompts, texts)
         batch = Batch(prompts, texts, r, scores, torch.tensor(scores.reward, dtype=torch.float32))
         self.intervention.on_scored(self, batch)
+        kl_stats = self.fold_kl_into_reward(batch) if t.kl_in_reward else {}
         adv = self.advantages(batch)
         timings["score"] = time.perf_counter() - t0
         stats = self.optimize(batch, adv, timings)
         grouped = batch.rewards.view(-1, t.num_generations)
         row = {
             "step": step,
-            "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
+            "reward_mean": float(torch.tensor(scores.reward).mean()),
+            "reward_std": float(torch.tensor(scores.reward).std()),
+            "reward_trained_mean": float(batch.rewards.mean()),  # after hooks / KL folding
+            **kl_stats,
             **{f"reward/{k}": sum(v) / len(v) for k, v in scores.parts.items()},
             **_score_means(scores),
             "frac_zero_std_groups": float((grouped.std(1) < 1e-8).float().mean()),

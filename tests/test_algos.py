@@ -121,3 +121,23 @@ def test_equal_reward_group_contributes_no_gradient():
 def test_unknown_loss_type():
     with pytest.raises(ValueError, match="allowed: grpo, bnpo, dr_grpo, dapo"):
         _call("ppo")
+
+
+def test_rloo_advantages_by_hand():
+    from rhlab.algos.advantages import rloo_advantages
+
+    adv = rloo_advantages(torch.tensor([1.0, 2.0, 6.0, 0.0, 0.0, 3.0]), 3)
+    # group 1: 1-(2+6)/2=-3, 2-(1+6)/2=-1.5, 6-(1+2)/2=4.5; group 2: 0-1.5, 0-1.5, 3-0
+    assert adv.tolist() == pytest.approx([-3.0, -1.5, 4.5, -1.5, -1.5, 3.0])
+
+
+def test_reinforce_moving_baseline_by_hand():
+    from rhlab.algos.advantages import MovingBaseline
+
+    b = MovingBaseline(0.5)
+    assert b.advantages(torch.tensor([1.0, 3.0])).tolist() == [-1.0, 1.0]  # first batch: its own mean 2
+    assert b.advantages(torch.tensor([4.0, 6.0])).tolist() == [2.0, 4.0]  # baseline 2, then 0.5*2+0.5*5
+    assert b.value == pytest.approx(3.5)
+    b2 = MovingBaseline(0.5)
+    b2.load(b.state())
+    assert b2.advantages(torch.tensor([3.5])).tolist() == [0.0]

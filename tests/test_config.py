@@ -6,7 +6,7 @@ from rhlab.config import ConfigError, load_config, run_name
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.lrr=1", "train.lrr: unknown key; allowed: adam_betas, algo, batch_size"),
+    ("train.lrr=1", "train.lrr: unknown key; allowed: adam_betas, algo, baseline_momentum, batch_size"),
     ("train.lr=abc", "train.lr: Input should be a valid number"),
     ("train.loss_type=ppo", "'grpo', 'bnpo', 'dr_grpo' or 'dapo'"),
     ("train.num_generations=5", "train.num_generations=5 must divide train.batch_size=32"),

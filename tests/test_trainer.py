@@ -94,3 +94,37 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):
     for a, b in zip(rows, ref_rows):
         for k in ("reward_mean", "loss", "grad_norm", "kl", "lr"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
+
+
+def test_kl_in_reward_vs_kl_in_loss_bookkeeping(tmp_path):
+    """Folding KL into the reward subtracts beta * summed k1 per sequence and drops the loss's KL term."""
+    from rhlab.trainer import Batch
+
+    t = Trainer(_cfg(tmp_path, "train.beta=0.5", "train.kl_in_reward=true", "train.algo=rloo",
+                     "train.gradient_accumulation_steps=2"))
+    # move the policy away from the reference so KL is not zero
+    with torch.no_grad():
+        for p in t.model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    prompts = t.env.sample_prompts(__import__("random").Random(0), 2) * 4
+    r, texts = t.rollout(prompts, seed=1)
+    scores = t.env.score(prompts, texts)
+    batch = Batch(prompts, texts, r, scores, torch.tensor(scores.reward))
+    stats = t.fold_kl_into_reward(batch)
+    ref = t.ref_logprobs(r)
+    seq_k1 = ((r.logprobs - ref) * r.completion_mask).sum(1)
+    torch.testing.assert_close(batch.rewards, torch.tensor(scores.reward) - 0.5 * seq_k1, atol=1e-4, rtol=1e-4)
+    assert stats["seq_kl"] == pytest.approx(float(seq_k1.mean()), rel=1e-4)
+    assert abs(stats["seq_kl"]) > 1e-3
+    # the loss then carries no KL term: its value equals the beta = 0 loss on the same inputs
+    from rhlab.algos.losses import policy_loss
+    from rhlab.trainer import sequence_logprobs
+
+    logp, _ = sequence_logprobs(t.model, r, 1.0)
+    adv = t.advantages(batch)
+    kw = dict(loss_type="grpo", epsilon=0.2, ref_logp=ref)
+    no_kl = policy_loss(logp, logp.detach(), adv, r.completion_mask, beta=0.0, **kw).loss
+    with_kl = policy_loss(logp, logp.detach(), adv, r.completion_mask, beta=0.5, **kw).loss
+    assert with_kl > no_kl  # what kl_in_reward=false would add
+    stats = t.optimize(batch, adv, dict.fromkeys(["logprobs", "backward", "optimizer"], 0.0))
+    assert stats["loss"] == pytest.approx(no_kl.item(), rel=1e-4, abs=1e-6)

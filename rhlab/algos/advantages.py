@@ -24,3 +24,35 @@ def grpo_advantages(rewards: torch.Tensor, num_generations: int, scale: str = "g
     elif scale != "none":
         raise ValueError(f"scale_rewards: unknown {scale!r}; allowed: group, batch, none")
     return adv
+
+
+def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
+    """RLOO: A_i = R_i - mean of the other k-1 rewards of its group (an unbiased baseline)."""
+    assert k >= 2 and rewards.numel() % k == 0, f"{rewards.numel()} rewards do not split into groups of {k}"
+    grouped = rewards.view(-1, k)
+    others = (grouped.sum(1, keepdim=True) - grouped) / (k - 1)
+    return (grouped - others).view(-1)
+
+
+class MovingBaseline:
+    """REINFORCE baseline: an exponential moving average of past batch-mean rewards.
+
+    A_i = R_i - b, with b from *previous* batches (the first batch uses its own mean, so the
+    first step is not one big push in the direction of whatever the policy happened to do).
+    """
+
+    def __init__(self, momentum: float):
+        assert 0 <= momentum < 1, "reinforce baseline momentum must be in [0, 1)"
+        self.momentum, self.value = momentum, None
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        mean = float(rewards.mean())
+        b = mean if self.value is None else self.value
+        self.value = mean if self.value is None else self.momentum * self.value + (1 - self.momentum) * mean
+        return rewards - b
+
+    def state(self) -> dict:
+        return {"value": self.value}
+
+    def load(self, state: dict) -> None:
+        self.value = state["value"]

@@ -47,7 +47,8 @@ def save(trainer, root: Path, step: int, keep: int = 1) -> Path:
     torch.save({"opt": trainer.opt.state_dict(), "sched": trainer.sched.state_dict()}, tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, "run_name": trainer.name,
                                                 "model": trainer.cfg.model.name,
-                                                "lora": trainer.cfg.model.lora.enabled}))
+                                                "lora": trainer.cfg.model.lora.enabled,
+                                                "baseline": trainer.baseline.state() if trainer.baseline else None}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(root.glob("step_*"))[:-keep]:
@@ -75,4 +76,7 @@ def load(trainer, ckpt_dir: Path) -> None:
     opt = torch.load(ckpt_dir / "optimizer.pt", weights_only=True)
     trainer.opt.load_state_dict(opt["opt"])
     trainer.sched.load_state_dict(opt["sched"])
-    trainer.step = read_json(ckpt_dir / "state.json")["step"]
+    state = read_json(ckpt_dir / "state.json")
+    trainer.step = state["step"]
+    if trainer.baseline is not None:
+        trainer.baseline.load(state["baseline"])

@@ -20,6 +20,7 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
+    repetition_penalty: float = 1.0  # 1.0 = off; applied to sampling only (log-probs stay the policy's)
 
 
 @dataclass
@@ -62,6 +63,11 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF/CTRL repetition penalty: seen tokens' positive logits / penalty, negative ones * penalty."""
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Inverse-CDF sampling: one uniform per row, searchsorted into the cumulative distribution."""
     cdf = probs.cumsum(-1)
@@ -89,6 +95,9 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
     cmask = torch.zeros((B, T), dtype=torch.long)
     done = torch.zeros(B, dtype=torch.bool)
     attn = mask
+    seen = None
+    if cfg.repetition_penalty != 1.0:
+        seen = torch.zeros(B, logits.shape[-1], dtype=torch.long).scatter_add_(1, ids, mask) > 0
     for t in range(T):
         if vocab_limit is not None:
             logits[:, vocab_limit:] = float("-inf")
@@ -98,6 +107,8 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
         else:
             scaled = logits / cfg.temperature
             logp_all = scaled.log_softmax(-1)
+            if seen is not None:
+                scaled = penalize_repeats(logits, seen, cfg.repetition_penalty) / cfg.temperature
             tok = sample_tokens(filter_logits(scaled, cfg.top_k, cfg.top_p).softmax(-1), generator)
             logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
         live = ~done
@@ -105,6 +116,8 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
         logps[live, t] = logp[live]
         cmask[live, t] = 1
         done |= tok == eos_id
+        if seen is not None:
+            seen[torch.arange(B), tok] = True
         if bool(done.all()) or t == T - 1:
             break
         attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype)], dim=1)
