@@ -139,5 +139,65 @@ def report(runs: List[Path] = typer.Argument(..., help="run directories or folde
     console.print(f"report: {out / 'report.html'}")
 
 
+def _pairs(items: List[str], what: str) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            _fail(f"--{what} {item!r} must look like key.path=value")
+        k, v = item.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+@app.command()
+def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds)"),
+          grid: Optional[List[str]] = typer.Option(None, help="key=v1,v2 adds a grid axis (repeatable)"),
+          fixed: Optional[List[str]] = typer.Option(None, help="key=value applied to every run (repeatable)"),
+          dry_run: bool = typer.Option(False, help="list the runs and exit"),
+          backend: str = typer.Option("local", help="local | ray"),
+          workers: Optional[int] = typer.Option(None, help="parallel local runs (default: the file's, else one per core)"),
+          address: Optional[str] = typer.Option(None, help="Ray cluster address (default: start a local Ray)")):
+    """Run arms x hyperparameters x seeds; complete runs are skipped, partial ones resumed."""
+    from rhlab.config import ConfigError
+    from rhlab.sweep.grid import default_workers, expand, load_sweep
+    from rhlab.sweep.runner import run_local, run_ray
+
+    if backend not in ("local", "ray"):
+        _fail(f"--backend {backend!r}; allowed: local, ray")
+    extra_grid = {k: (v if isinstance(v, list) else [x.strip() for x in str(v).split(",")])
+                  for k, v in _pairs(grid or [], "grid").items()}
+    try:
+        sp, base = load_sweep(spec, extra_grid, _pairs(fixed or [], "fixed"))
+        runs = expand(sp, base)
+    except ConfigError as e:
+        _fail(str(e))
+    n_workers = workers or default_workers(sp)
+    console.print(f"{len(runs)} runs ({len(sp.arms)} arms x {len(runs) // len(sp.arms) // len(sp.seeds)} grid points "
+                  f"x {len(sp.seeds)} seeds) -> {sp.output_dir}", highlight=False)
+    if dry_run:
+        for r in runs:
+            console.print(f"  {r.name}", highlight=False)
+        return
+    done = lambda r: console.print(f"  [{'green' if r.status != 'failed' else 'red'}]{r.status:>8}[/] "  # noqa: E731
+                                   f"{r.name} ({r.seconds:.0f}s) {r.error}", highlight=False)
+    results = (run_local(runs, n_workers, done) if backend == "local"
+               else run_ray(runs, address, sp.gpus_per_run, done))
+    table = Table(title="sweep summary")
+    for col in ["run", "status", "reward", "task", "pass", "hack", "kl", "s"]:
+        table.add_column(col)
+    for r in results:
+        f = r.final
+        table.add_row(r.name, r.status, *[f"{f[k]:.3f}" if k in f else "—" for k in
+                                          ("reward_mean", "task_score", "pass_rate", "hack_rate", "kl")],
+                      f"{r.seconds:.0f}")
+    console.print(table)
+    n_failed = sum(r.status == "failed" for r in results)
+    if n_failed:
+        console.print(f"[red]{n_failed} of {len(results)} runs failed[/] (logs under {sp.output_dir}/_logs)")
+        raise typer.Exit(1)
+
+
 def main() -> None:  # pragma: no cover
     sys.exit(app())

@@ -230,8 +230,9 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def run_name(cfg: RunConfig) -> str:
-    """e.g. happy_stories_happy_count_grpo_vanilla_lr2e-4_s42: non-default hyperparameters + seed."""
+def run_name(cfg: RunConfig, always: tuple[str, ...] = ()) -> str:
+    """e.g. happy_stories_happy_count_grpo_vanilla_lr2e-4_s42: non-default hyperparameters + seed.
+    Keys in `always` (a sweep's grid axes) appear even at their default value."""
     if cfg.run_name:
         return cfg.run_name
     base = RunConfig(env=EnvConfig(name=cfg.env.name, rewards=cfg.env.rewards)).dump()
@@ -241,7 +242,7 @@ def run_name(cfg: RunConfig) -> str:
     if not cfg.model.name.startswith("builtin:"):
         parts.insert(0, Path(cfg.model.name).name)
     for key in sorted(cur):
-        if cur[key] != ref.get(key) and not key.startswith(NAME_SKIP):
+        if key in always or (cur[key] != ref.get(key) and not key.startswith(NAME_SKIP)):
             parts.append(ABBREV.get(key, key.split(".")[-1]) + _fmt(cur[key]))
     name = "_".join(parts).replace("/", "-").replace(" ", "")
     if len(name) > 150:  # keep names usable as directory names; the hash keeps them unique

@@ -1,0 +1,3 @@
+from rhlab.cli import app
+
+app()

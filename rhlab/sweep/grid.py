@@ -1,0 +1,111 @@
+"""Sweep files: arms x grid x seeds -> one list of overrides per run.
+
+```yaml
+base: demo.yaml            # run config, relative to this file (or an inline `config:` mapping)
+output_dir: runs/my_sweep
+seeds: [1, 2, 3]
+fixed: {train.steps: 40}   # applied to every run
+arms:                      # name -> overrides; the arm name is set as `arm`
+  vanilla: {}
+  kl: {train.beta: 0.2}
+grid: {train.lr: [1e-4, 2e-4]}   # cartesian product, crossed with arms and seeds
+workers: 2                 # local processes (default: one per core)
+threads_per_worker: 1
+```
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rhlab.config import ConfigError, RunConfig, load_config, run_name
+
+
+class SweepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    base: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    output_dir: str = "runs/sweep"
+    seeds: list[int] = Field(default_factory=lambda: [42])
+    fixed: dict[str, Any] = Field(default_factory=dict)
+    arms: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"vanilla": {}})
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    workers: int = Field(0, ge=0)  # 0 = one per core
+    threads_per_worker: int = Field(1, gt=0)
+    gpus_per_run: float = Field(0.0, ge=0)  # ray backend only
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    arm: str
+    seed: int
+    overrides: list[str]
+    config: RunConfig = field(repr=False)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.output_dir) / self.name
+
+
+def _kv(d: dict[str, Any]) -> list[str]:
+    return [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+            for k, v in d.items()]
+
+
+def load_sweep(path: str | Path, extra_grid: dict[str, list] | None = None,
+               extra_fixed: dict[str, Any] | None = None) -> tuple[SweepSpec, Path | None]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"sweep file not found: {path}")
+    try:
+        spec = SweepSpec.model_validate(yaml.safe_load(path.read_text()) or {})
+    except ValidationError as e:
+        raise ConfigError(f"invalid sweep {path}: {e}") from None
+    spec.grid.update(extra_grid or {})
+    spec.fixed.update(extra_fixed or {})
+    if spec.base and spec.config:
+        raise ConfigError(f"{path}: give either base or config, not both")
+    base = (path.parent / spec.base) if spec.base else None
+    if base is not None and not base.exists():
+        raise ConfigError(f"{path}: base config not found: {base}")
+    for k, vals in spec.grid.items():
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"{path}: grid.{k} must be a non-empty list")
+    return spec, base
+
+
+def expand(spec: SweepSpec, base: Path | None) -> list[PlannedRun]:
+    """Every arm x grid point x seed, validated now so a typo fails before any run starts."""
+    keys = list(spec.grid)
+    runs, names = [], set()
+    for arm, arm_over in spec.arms.items():
+        for values in itertools.product(*(spec.grid[k] for k in keys)):
+            for seed in spec.seeds:
+                over = (_kv(spec.config) if base is None else []) + _kv(spec.fixed) + _kv(arm_over) + \
+                       _kv(dict(zip(keys, values))) + [f"arm={arm}", f"seed={seed}",
+                                                       f"output_dir={spec.output_dir}",
+                                                       f"threads={spec.threads_per_worker}"]
+                try:
+                    cfg = load_config(base, over)
+                except ConfigError as e:
+                    raise ConfigError(f"sweep arm {arm!r}, {dict(zip(keys, values))}, seed {seed}:\n{e}") from None
+                name = run_name(cfg, always=tuple(keys))
+                if name in names:
+                    raise ConfigError(f"two sweep runs share the name {name}: make arms differ in config")
+                names.add(name)
+                over.append(f"run_name={name}")
+                cfg.run_name = name
+                runs.append(PlannedRun(name, arm, seed, over, cfg))
+    return runs
+
+
+def default_workers(spec: SweepSpec) -> int:
+    return spec.workers or max(1, (os.cpu_count() or 1) // spec.threads_per_worker)
