@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advantages
-from rhlab.algos.losses import policy_loss
+from rhlab.algos.losses import Norm, k3_kl, policy_loss
 from rhlab.config import RunConfig, run_name
 from rhlab.envs.base import Scores, build_env
 from rhlab.eval.diversity import diversity
@@ -78,6 +78,8 @@ class Trainer:
             self.ref = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.env = build_env(cfg.env)
         self.intervention = build_intervention(cfg.intervention)
+        # e.g. installs dual or SVD adapters; the reference above was copied before, so it stays the base
+        self.model = self.intervention.prepare_model(self, self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         assert self.params, "no trainable parameters"
         self.opt = torch.optim.AdamW(self.params, lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay)
@@ -138,7 +140,9 @@ class Trainer:
         return {"seq_kl": float(seq_kl.mean())}
 
     def optimize(self, batch: Batch, adv: torch.Tensor, timings: dict) -> dict:
-        """num_iterations optimizer updates on one generation batch, micro-batched."""
+        """num_iterations optimizer updates on one generation batch, micro-batched. An intervention
+        may split each micro-batch into groups, each with its own forward/backward pass inside a
+        context (gradient routing); per-sequence loss shares make the split exact."""
         t, r = self.cfg.train, batch.rollouts
         mask = r.completion_mask.clone()
         if t.mask_truncated_completions:
@@ -147,34 +151,38 @@ class Trainer:
         chunks = torch.arange(len(r)).chunk(n_micro)
         total_tokens = float(mask.sum())
         loss_beta = 0.0 if t.kl_in_reward else t.beta
-        old, stats = {}, {"kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0, "loss": 0.0}
-        ref = {i: batch.extra["ref_logp"][idx] for i, idx in enumerate(chunks)} if "ref_logp" in batch.extra else {}
+        t0 = time.perf_counter()
+        ref = batch.extra.get("ref_logp")
+        if ref is None and self.need_ref:
+            ref = torch.cat([self.ref_logprobs(r.select(idx)) for idx in chunks])
+        timings["logprobs"] += time.perf_counter() - t0
+        old = torch.zeros_like(r.logprobs)
+        stats = {"kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0, "loss": 0.0}
         self.model.train()
         for it in range(t.num_iterations):
-            for i, idx in enumerate(chunks):
-                sub = r.select(idx)
-                t0 = time.perf_counter()
-                if it == 0 and self.need_ref and i not in ref:
-                    ref[i] = self.ref_logprobs(sub)
-                logp, ent = sequence_logprobs(self.model, sub, self.sampling.temperature, with_entropy=it == 0)
-                if it == 0:  # the policy has not moved yet: these are the old log-probs
-                    old[i] = logp.detach()
-                timings["logprobs"] += time.perf_counter() - t0
-                out = policy_loss(logp, old[i], adv[idx], mask[idx], loss_type=t.loss_type, epsilon=t.epsilon,
-                                  epsilon_high=t.epsilon_high, delta=t.delta, beta=loss_beta, ref_logp=ref.get(i),
-                                  max_new_tokens=self.sampling.max_new_tokens, total_tokens=total_tokens)
-                # grpo/bnpo average per micro-batch; dapo/dr_grpo are already normalised batch-wide
-                loss = out.loss / n_micro if t.loss_type in ("grpo", "bnpo") else out.loss
-                t0 = time.perf_counter()
-                loss.backward()
-                timings["backward"] += time.perf_counter() - t0
-                if it == 0:
-                    w = mask[idx].sum().item() / max(total_tokens, 1)
-                    stats["kl"] += out.kl.item() * w
-                    stats["entropy"] += (ent * mask[idx]).sum().item() / max(total_tokens, 1)
-                stats["clip_low"] += out.clip_low.item() / (n_micro * t.num_iterations)
-                stats["clip_high"] += out.clip_high.item() / (n_micro * t.num_iterations)
-                stats["loss"] += loss.item() / t.num_iterations
+            for idx in chunks:
+                norm = Norm(len(r), total_tokens, float(mask[idx].sum()), n_micro, self.sampling.max_new_tokens)
+                for gidx, ctx in self.intervention.backward_groups(self, batch, idx):
+                    t0 = time.perf_counter()
+                    logp, ent = sequence_logprobs(self.model, r.select(gidx), self.sampling.temperature,
+                                                  with_entropy=it == 0)
+                    if it == 0:  # the policy has not moved yet: these are the old log-probs
+                        old[gidx] = logp.detach()
+                    timings["logprobs"] += time.perf_counter() - t0
+                    out = policy_loss(logp, old[gidx], adv[gidx], mask[gidx], loss_type=t.loss_type,
+                                      epsilon=t.epsilon, epsilon_high=t.epsilon_high, delta=t.delta, beta=loss_beta,
+                                      ref_logp=None if ref is None else ref[gidx], norm=norm)
+                    t0 = time.perf_counter()
+                    with ctx:
+                        out.loss.backward()
+                    timings["backward"] += time.perf_counter() - t0
+                    share = float(mask[gidx].sum()) / max(total_tokens, 1.0)
+                    if it == 0:
+                        stats["kl"] += out.kl.item() * share
+                        stats["entropy"] += (ent * mask[gidx]).sum().item() / max(total_tokens, 1.0)
+                    stats["clip_low"] += out.clip_low.item() * share / t.num_iterations
+                    stats["clip_high"] += out.clip_high.item() * share / t.num_iterations
+                    stats["loss"] += out.loss.item() / t.num_iterations
             t0 = time.perf_counter()
             self.intervention.on_gradients(self)
             stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, t.max_grad_norm))
@@ -233,7 +241,6 @@ class Trainer:
              "completion_len": float(r.completion_mask.sum(1).float().mean()), **diversity(texts)}
         if self.need_ref:
             mask = r.completion_mask.float()
-            from rhlab.algos.losses import k3_kl
             kl = k3_kl(sequence_logprobs(self.model, r, self.sampling.temperature)[0], self.ref_logprobs(r))
             m["kl"] = float((kl * mask).sum() / mask.sum())
         samples = [{"prompt": p, "completion": c, "reward": rw, "task_score": ts, "hack": h}
@@ -276,7 +283,10 @@ class Trainer:
         return summary
 
     def _eval_and_save(self, step: int) -> dict:
+        """Held-out evaluation (plus the intervention's extra modes as <mode>/<metric>), saved to eval/."""
         m, samples = self.evaluate()
+        for mode, extra in self.intervention.extra_evals(self).items():
+            m.update({f"{mode}/{k}": v for k, v in extra.items()})
         write_json(self.dir / "eval" / f"step_{step:05d}.json", {"step": step, "metrics": m, "samples": samples})
         return m
 

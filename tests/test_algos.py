@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rhlab.algos.advantages import grpo_advantages
-from rhlab.algos.losses import k3_kl, policy_loss
+from rhlab.algos.losses import Norm, k3_kl, policy_loss
 
 
 def test_group_advantages_by_hand():
@@ -63,7 +63,8 @@ def _per_token(eps=0.2, eps_high=None, delta=None, beta=0.0):
 def _call(loss_type, **kw):
     return policy_loss(LOGP, OLD, ADV, MASK, loss_type=loss_type, epsilon=kw.get("eps", 0.2),
                        epsilon_high=kw.get("eps_high"), delta=kw.get("delta"), beta=kw.get("beta", 0.0),
-                       ref_logp=REF, max_new_tokens=4, total_tokens=10.0)
+                       ref_logp=REF, norm=Norm(batch_seqs=2, batch_tokens=10.0, micro_tokens=5.0, n_micro=1,
+                                               max_new_tokens=4))
 
 
 @pytest.mark.parametrize("kw", [{}, {"eps_high": 0.28}, {"delta": 1.5}, {"beta": 0.04}, {"eps": 0.1, "beta": 0.1}])
@@ -112,10 +113,35 @@ def test_equal_reward_group_contributes_no_gradient():
     g_full, = torch.autograd.grad(full.loss, w)
     # the same loss restricted to the second group, normalised the same way
     lp = logp()
-    only = policy_loss(lp[3:], lp[3:].detach(), adv[3:], mask[3:], loss_type="bnpo", epsilon=0.2).loss * (9 / 18)
+    only = policy_loss(lp[3:], lp[3:].detach(), adv[3:], mask[3:], loss_type="bnpo", epsilon=0.2,
+                       norm=Norm(6, 18.0, 18.0, 1, 3)).loss
     g_only, = torch.autograd.grad(only, w)
     torch.testing.assert_close(g_full, g_only)
     assert g_full.abs().sum() > 0
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_micro_batches_and_subgroups_sum_to_the_batch_loss(loss_type):
+    """Splitting into micro-batches (and each into sub-groups, as routing does) changes nothing
+    for grpo, dr_grpo and dapo; bnpo normalises per micro-batch as TRL does."""
+    torch.manual_seed(1)
+    logp, old, ref = torch.randn(8, 5) - 2, torch.randn(8, 5) - 2, torch.randn(8, 5) - 2
+    mask = (torch.rand(8, 5) > 0.3).long()
+    adv = torch.randn(8)
+    kw = dict(loss_type=loss_type, epsilon=0.2, beta=0.1, ref_logp=ref)
+    whole = policy_loss(logp, old, adv, mask, **kw).loss
+    total = 0.0
+    for idx in torch.arange(8).chunk(2):
+        norm = Norm(8, float(mask.sum()), float(mask[idx].sum()), 2, 5)
+        for sub in (idx[:1], idx[1:]):  # two sub-groups of the micro-batch, each its own pass
+            total = total + policy_loss(logp[sub], old[sub], adv[sub], mask[sub], norm=norm,
+                                        **{**kw, "ref_logp": ref[sub]}).loss
+    if loss_type == "bnpo":
+        by_micro = sum(policy_loss(logp[i], old[i], adv[i], mask[i], **{**kw, "ref_logp": ref[i]}).loss
+                       for i in torch.arange(8).chunk(2)) / 2
+        assert total.item() == pytest.approx(by_micro.item(), rel=1e-6)
+    else:
+        assert total.item() == pytest.approx(whole.item(), rel=1e-6)
 
 
 def test_unknown_loss_type():

@@ -4,11 +4,13 @@ Per token t of completion i (ratio rho = exp(logp - logp_old), A_i the advantage
     l_it = -min(rho' * A_i, clip(rho, 1 - eps, 1 + eps_high) * A_i) + beta * KL3_it
     rho' = min(rho, delta) when delta is set (two-sided clipping), else rho
     KL3  = exp(ref - logp) - (ref - logp) - 1          (k3 estimator, >= 0)
-Aggregation over the mask m (see docs/losses.md):
-    grpo:    mean_i [ sum_t m l / sum_t m ]             (per-sequence mean, then mean)
-    bnpo:    sum m l / sum m                            (over this micro-batch's tokens)
-    dr_grpo: sum m l / (n_sequences * max_new_tokens)   (constant normaliser)
+Aggregation over the mask m (see docs/losses.md), B sequences in the generation batch:
+    grpo:    sum_i [ sum_t m l / sum_t m ] / B          (per-sequence mean, then mean)
+    bnpo:    sum m l / sum m, per micro-batch, averaged over micro-batches (TRL's semantics)
+    dr_grpo: sum m l / (B * max_new_tokens)             (constant normaliser)
     dapo:    sum m l / tokens_in_whole_batch            (over all micro-batches' tokens)
+The loss is returned as per-sequence contributions, so a micro-batch, or any sub-group of it
+processed in its own backward pass (gradient routing), sums back to the batch loss exactly.
 """
 
 from __future__ import annotations
@@ -21,8 +23,26 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
 @dataclass
+class Norm:
+    """What the aggregation divides by. A generation batch of `batch_seqs` sequences and
+    `batch_tokens` masked tokens is split into `n_micro` micro-batches; `micro_tokens` is this
+    micro-batch's token count (bnpo normalises per micro-batch, as TRL does)."""
+    batch_seqs: int
+    batch_tokens: float
+    micro_tokens: float
+    n_micro: int
+    max_new_tokens: int
+
+    @classmethod
+    def single(cls, mask: torch.Tensor, max_new_tokens: int | None = None) -> "Norm":
+        tokens = float(mask.sum())
+        return cls(mask.shape[0], tokens, tokens, 1, max_new_tokens or mask.shape[1])
+
+
+@dataclass
 class LossOut:
-    loss: torch.Tensor
+    loss: torch.Tensor  # = per_seq.sum(): summed over micro-batches (and sub-groups) gives the batch loss
+    per_seq: torch.Tensor  # [B] each sequence's contribution
     kl: torch.Tensor  # mean k3 KL over masked tokens (detached)
     clip_low: torch.Tensor  # fraction of masked tokens clipped at 1 - eps with A < 0
     clip_high: torch.Tensor  # fraction clipped at 1 + eps_high with A > 0
@@ -33,17 +53,30 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
+def seq_contributions(per_tok: torch.Tensor, mask: torch.Tensor, loss_type: str, norm: Norm) -> torch.Tensor:
+    """Per-sequence share of the batch loss, so any split of the batch sums back to it exactly."""
+    seq_sum = (per_tok * mask).sum(1)
+    if loss_type == "grpo":
+        return seq_sum / mask.sum(1).clamp(min=1) / norm.batch_seqs
+    if loss_type == "bnpo":
+        return seq_sum / max(norm.micro_tokens, 1.0) / norm.n_micro
+    if loss_type == "dr_grpo":
+        return seq_sum / (norm.batch_seqs * norm.max_new_tokens)
+    if loss_type == "dapo":
+        return seq_sum / max(norm.batch_tokens, 1.0)
+    raise ValueError(f"loss_type: unknown {loss_type!r}; allowed: {', '.join(LOSS_TYPES)}")
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, *,
                 loss_type: str, epsilon: float, epsilon_high: float | None = None,
                 delta: float | None = None, beta: float = 0.0, ref_logp: torch.Tensor | None = None,
-                max_new_tokens: int | None = None, total_tokens: float | None = None) -> LossOut:
-    """logp, old_logp, ref_logp, mask: [B, T]; adv: [B]. Returns the scalar loss for this micro-batch,
-    already normalised so that summing micro-batch losses gives the full-batch loss for
-    bnpo/dapo/dr_grpo; for grpo and bnpo the caller divides by the number of micro-batches."""
+                norm: Norm | None = None) -> LossOut:
+    """logp, old_logp, ref_logp, mask: [B, T]; adv: [B]. norm defaults to "this is the whole batch"."""
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type: unknown {loss_type!r}; allowed: {', '.join(LOSS_TYPES)}")
     eps_high = epsilon if epsilon_high is None else epsilon_high
     mask = mask.to(logp.dtype)
+    norm = norm or Norm.single(mask)
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high)
     capped = ratio if delta is None else torch.clamp(ratio, max=delta)
@@ -55,18 +88,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     if beta:
         assert ref_logp is not None, "beta > 0 needs reference log-probs"
         per_tok = per_tok + beta * kl
-    if loss_type == "grpo":
-        loss = ((per_tok * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
-    elif loss_type == "bnpo":
-        loss = (per_tok * mask).sum() / mask.sum().clamp(min=1)
-    elif loss_type == "dr_grpo":
-        assert max_new_tokens, "dr_grpo needs max_new_tokens"
-        loss = (per_tok * mask).sum() / (logp.shape[0] * max_new_tokens)
-    else:
-        assert total_tokens is not None, "dapo needs the whole batch's token count"
-        loss = (per_tok * mask).sum() / max(total_tokens, 1.0)
+    per_seq = seq_contributions(per_tok, mask, loss_type, norm)
+    loss = per_seq.sum()
     n = mask.sum().clamp(min=1)
     with torch.no_grad():
         low = ((ratio < 1 - epsilon) & (a < 0)).to(mask.dtype)
         high = ((ratio > 1 + eps_high) & (a > 0)).to(mask.dtype)
-        return LossOut(loss, (kl.detach() * mask).sum() / n, (low * mask).sum() / n, (high * mask).sum() / n)
+        return LossOut(loss, per_seq, (kl.detach() * mask).sum() / n, (low * mask).sum() / n,
+                       (high * mask).sum() / n)

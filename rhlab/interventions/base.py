@@ -1,12 +1,17 @@
 """Interventions ("arms") touch the training loop only through these hooks.
 
-The loop calls, each step: on_scored (after the environment scored the rollouts, before
-advantages: may change rewards or attach labels), on_gradients (after backward, before
-the optimizer step: may mask or project gradients), and metrics (extra per-step numbers).
+Once: prepare_model (before the optimizer is built: install adapters, freeze weights) and
+setup (after). Each step: on_scored (after the environment scored the rollouts, before
+advantages: may change batch.rewards or attach labels to batch.extra), backward_groups (how a
+micro-batch is split into separately back-propagated groups, each inside a context, e.g. one
+that masks some adapters' gradients), on_gradients (after backward, before clipping and the
+optimizer step: may project gradients), metrics (extra per-step numbers). At every evaluation:
+extra_evals (more evaluations under other settings, e.g. with an adapter ablated).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 from rhlab.rewards.registry import Registry
@@ -15,8 +20,19 @@ from rhlab.rewards.registry import Registry
 class Intervention:
     name = "vanilla"
 
+    def prepare_model(self, trainer, model):
+        return model
+
     def setup(self, trainer) -> None:
         pass
+
+    def backward_groups(self, trainer, batch, idx):
+        """[(indices, context)]: by default the whole micro-batch in one pass."""
+        return [(idx, nullcontext())]
+
+    def extra_evals(self, trainer) -> dict[str, dict]:
+        """{mode name: metrics} evaluated next to the plain evaluation; logged as <mode>/<metric>."""
+        return {}
 
     def on_scored(self, trainer, batch) -> None:
         pass
