@@ -139,6 +139,28 @@ def report(runs: List[Path] = typer.Argument(..., help="run directories or folde
     console.print(f"report: {out / 'report.html'}")
 
 
+@app.command()
+def grade(problems: Path = typer.Argument(..., help="problems JSONL (rl-rewardhacking row format)"),
+          completions: Path = typer.Argument(..., help='completions JSONL: {"id": ..., "completion": ...}'),
+          variant: str = typer.Option("loophole", help="prompt variant the completions answered"),
+          out: Optional[Path] = typer.Option(None, help="graded JSONL (default: COMPLETIONS.graded.jsonl)"),
+          workers: Optional[int] = typer.Option(None, help="parallel sandboxes (default: one per core)"),
+          timeout: float = typer.Option(3.0, help="seconds per program")):
+    """Grade code completions offline in the sandbox: compile, ground truth, own run_tests, hack labels."""
+    from rhlab.envs.code.grading import format_summary, grade_files
+
+    for p in (problems, completions):
+        if not p.exists():
+            _fail(f"file not found: {p}")
+    out = out or completions.with_suffix(".graded.jsonl")
+    try:
+        summary = grade_files(problems, completions, variant, out, workers, timeout_s=timeout)
+    except (ValueError, KeyError) as e:
+        _fail(str(e))
+    console.print(format_summary(summary), highlight=False)
+    console.print(f"graded: {out}")
+
+
 def _pairs(items: List[str], what: str) -> dict:
     import yaml
 
