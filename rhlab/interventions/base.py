@@ -54,6 +54,7 @@ def vanilla() -> Intervention:
 
 
 def build_intervention(spec) -> Intervention:
+    # intervention modules register themselves on import (one line each)
     return INTERVENTIONS.build(spec.name, spec.params)
 
 
