@@ -61,6 +61,7 @@ class SamplingSpec(Section):
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     repetition_penalty: float = Field(1.0, gt=0)  # HF semantics; sampling only, not in the loss
+    backend: Literal["auto", "fast", "hf"] = "auto"  # fast = LLaMA static-cache runner; auto = fast when it applies
 
 
 class TrainConfig(Section):

@@ -86,3 +86,31 @@ def test_filter_logits_by_hand():
     # nucleus 0.7: 0.5 then 0.3 reaches it; 0.15 and 0.05 are dropped
     assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
     assert torch.isinf(filter_logits(logits, 0, 0.5)).tolist() == [[False, True, True, True]]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_fast_backend_matches_transformers_forward(builtin, lora):
+    """The static-cache LLaMA runner gives the same samples and log-probs as transformers' forward,
+    with left padding (prompts of different lengths), also through a peft LoRA wrapper."""
+    import copy
+
+    from rhlab.config import LoraSpec
+    from rhlab.models.checkpoint import add_lora
+
+    model, tok = builtin
+    if lora:
+        model = add_lora(copy.deepcopy(model), LoraSpec(enabled=True, r=4))
+        with torch.no_grad():  # non-zero B so the adapter actually changes the outputs
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.05)
+    prompts = PROMPTS + ["Leo was a kind bear who lived on a green hill. One day, Leo found a red ball."]
+    a = _gen(model, tok, prompts * 3, seed=5, max_new_tokens=40, backend="hf")
+    b = _gen(model, tok, prompts * 3, seed=5, max_new_tokens=40, backend="fast")
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=1e-4)
+
+
+def test_backend_errors(hub_cache, builtin):
+    with pytest.raises(ValueError, match="allowed: auto, fast, hf"):
+        _gen(*builtin, PROMPTS, backend="vllm-typo")

@@ -21,6 +21,7 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     repetition_penalty: float = 1.0  # 1.0 = off; applied to sampling only (log-probs stay the policy's)
+    backend: str = "auto"
 
 
 @dataclass
@@ -75,26 +76,75 @@ def sample_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tens
     return torch.searchsorted(cdf, u).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
+class _HFDecoder:
+    """Any causal LM: transformers forward with a DynamicCache."""
+
+    def __init__(self, model, ids, mask, pos):
+        self.model, self.cache, self.attn = model, DynamicCache(), mask
+
+    def prefill(self, ids, mask, pos):
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                         use_cache=True)
+        return out.logits[:, -1].float()
+
+    def step(self, tok, pos, t):
+        self.attn = torch.cat([self.attn, torch.ones((tok.shape[0], 1), dtype=self.attn.dtype)], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos,
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+
+class _FastDecoder:
+    """LLaMA models: static KV cache, no transformers overhead per token (rhlab/models/fast_llama.py)."""
+
+    def __init__(self, model, ids, mask, pos, max_new: int):
+        from rhlab.models.fast_llama import LlamaRunner
+
+        self.runner, self.P = LlamaRunner(model, ids.shape[0], ids.shape[1] + max_new), ids.shape[1]
+
+    def prefill(self, ids, mask, pos):
+        return self.runner.forward(ids, pos, 0, visible=mask).float()
+
+    def step(self, tok, pos, t):
+        return self.runner.forward(tok[:, None], pos, self.P + t).float()
+
+
+BACKENDS = ("auto", "fast", "hf")
+
+
+def pick_backend(model, backend: str) -> str:
+    from rhlab.models.fast_llama import supports
+
+    if backend not in BACKENDS:
+        raise ValueError(f"sampling.backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if backend == "fast" and not supports(model):
+        raise ValueError("sampling.backend=fast needs a plain LLaMA model; use hf (or auto)")
+    return ("fast" if supports(model) else "hf") if backend == "auto" else backend
+
+
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, pad_id: int,
              generator: torch.Generator, vocab_limit: int | None = None) -> Rollouts:
     """Sample one completion per prompt (repeat prompts for groups).
 
     vocab_limit masks logits of ids >= the tokenizer's size (models often pad their vocab).
+    cfg.backend: "fast" (LLaMA static-cache runner), "hf" (any model), "auto" (fast when it applies).
     """
     assert cfg.max_new_tokens > 0 and cfg.temperature >= 0
     ids, mask = left_pad(prompts, pad_id)
     B, T = ids.shape[0], cfg.max_new_tokens
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-    logits = out.logits[:, -1].float()
+    if pick_backend(model, cfg.backend) == "fast":
+        dec = _FastDecoder(model, ids, mask, pos, T)
+    else:
+        dec = _HFDecoder(model, ids, mask, pos)
+    logits = dec.prefill(ids, mask, pos)
     next_pos = pos[:, -1:] + 1
     tokens = torch.full((B, T), pad_id, dtype=torch.long)
     logps = torch.zeros((B, T))
     cmask = torch.zeros((B, T), dtype=torch.long)
     done = torch.zeros(B, dtype=torch.bool)
-    attn = mask
+    filtering = cfg.top_k > 0 or cfg.top_p < 1.0
     seen = None
     if cfg.repetition_penalty != 1.0:
         seen = torch.zeros(B, logits.shape[-1], dtype=torch.long).scatter_add_(1, ids, mask) > 0
@@ -105,11 +155,13 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
             tok = logits.argmax(-1)
             logp = logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
         else:
-            scaled = logits / cfg.temperature
-            logp_all = scaled.log_softmax(-1)
-            if seen is not None:
-                scaled = penalize_repeats(logits, seen, cfg.repetition_penalty) / cfg.temperature
-            tok = sample_tokens(filter_logits(scaled, cfg.top_k, cfg.top_p).softmax(-1), generator)
+            logp_all = (logits / cfg.temperature).log_softmax(-1)
+            if seen is None and not filtering:
+                probs = logp_all.exp()  # the policy's own distribution: reuse the log-softmax
+            else:
+                scaled = logits if seen is None else penalize_repeats(logits, seen, cfg.repetition_penalty)
+                probs = filter_logits(scaled / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
+            tok = sample_tokens(probs, generator)
             logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
         live = ~done
         tokens[live, t] = tok[live]
@@ -120,10 +172,7 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
             seen[torch.arange(B), tok] = True
         if bool(done.all()) or t == T - 1:
             break
-        attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype)], dim=1)
-        step_in = torch.where(done, torch.full_like(tok, pad_id), tok)[:, None]
-        out = model(input_ids=step_in, attention_mask=attn, position_ids=next_pos,
-                    past_key_values=cache, use_cache=True)
-        logits = out.logits[:, -1].float()
+        step_in = torch.where(done, torch.full_like(tok, pad_id), tok)
+        logits = dec.step(step_in, next_pos, t)
         next_pos = next_pos + 1
     return Rollouts(ids, mask, tokens, cmask, ~done, logps)
