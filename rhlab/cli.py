@@ -56,6 +56,10 @@ def _run(cfg, show_samples: int = 3) -> dict:
     if not summary.get("final"):
         console.print("run already complete; nothing to do")
         return summary
+    from rhlab.eval.trajectory import format_trajectory
+
+    console.print("trajectory (training batches): first vs last 20 steps, EMAs over 20 and 50 steps")
+    console.print(format_trajectory(summary["trajectory"]), highlight=False)
     console.print(_metrics_table("held-out evaluation: initial policy vs trained policy",
                                  {"before": summary["initial"], "after": summary["final"]}, SHOW))
     if show_samples:
@@ -108,15 +112,32 @@ def pretrain(out: Path = typer.Option(Path(__file__).parent / "models" / "builti
 @app.command("eval")
 def eval_cmd(target: Path = typer.Argument(..., help="a run directory or one of its checkpoints"),
              prompts: int = typer.Option(64, help="number of held-out prompts"),
-             samples: int = typer.Option(3, help="completions to print")):
-    """Fresh samples from a trained policy: reward, task score, hack rate, diversity."""
+             samples: int = typer.Option(3, help="completions to print"),
+             suite: Optional[Path] = typer.Option(None, help="evaluation suite YAML: gates on baseline vs trained; "
+                                                             "exits 1 when a gate fails")):
+    """Fresh samples from a trained policy: reward, task score, hack rate, diversity (or a gated suite)."""
     from rhlab.evaluate import evaluate_checkpoint
+
+    if suite is not None:
+        from rhlab.eval.suites import format_gate_table, run_suite_for_run, suite_passed
+
+        try:
+            results = run_suite_for_run(target, suite)
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        console.print(format_gate_table(results), highlight=False)
+        raise typer.Exit(0 if suite_passed(results) else 1)
 
     try:
         m, rows, where = evaluate_checkpoint(target, prompts)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     console.print(_metrics_table(f"evaluation of {where}", {"value": m}, [k for k in SHOW if k in m]))
+    names = sorted({k.split("/")[0] for k in m if k.endswith("/hack_rate")})  # the intervention's extra modes
+    modes = {n: {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith(n + "/")} for n in names}
+    if modes:
+        console.print(_metrics_table("intervention evaluation modes", modes,
+                                     [k for k in SHOW if any(k in v for v in modes.values())]))
     for s in rows[:samples]:
         console.print(f"[dim]{s['prompt']}[/] {s['completion']}", highlight=False)
 

@@ -277,7 +277,10 @@ class Trainer:
             progress.update(row)
         progress.close()
         final = self._eval_and_save(cfg.train.steps)
-        summary = self.summary_dict("complete", final, train_seconds=time.time() - t_run)
+        from rhlab.eval.trajectory import trajectory_summary
+
+        summary = self.summary_dict("complete", final, train_seconds=time.time() - t_run,
+                                    trajectory=trajectory_summary(read_jsonl(metrics)))
         write_json(d / "summary.json", summary)
         plot_run(d)
         return summary

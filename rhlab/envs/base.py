@@ -48,9 +48,15 @@ def register_env(name: str):
     return deco
 
 
+def load_builtin_envs() -> None:
+    """Importing an environment module registers it and its rewards and detectors."""
+    import rhlab.envs.rewrite  # noqa: F401
+    import rhlab.envs.stories  # noqa: F401
+
+
 def build_env(cfg) -> Environment:
     """cfg: rhlab.config.EnvConfig."""
-    import rhlab.envs.stories  # noqa: F401  (registers built-in environments)
+    load_builtin_envs()
 
     if cfg.name not in ENVS:
         raise ValueError(f"env.name: unknown environment {cfg.name!r}; allowed: {', '.join(sorted(ENVS))}")

@@ -40,6 +40,10 @@ class Registry:
         return ", ".join(sorted(self.exact) + [ex for _, _, ex in self.patterns])
 
     def build(self, name: str, params: dict | None = None):
+        from rhlab.envs.base import load_builtin_envs
+
+        load_builtin_envs()
+
         params = dict(params or {})
         if name in self.exact:
             return _call(self.exact[name], params, self.kind, name)
