@@ -113,6 +113,7 @@ class LogConfig(Section):
     keep_checkpoints: int = Field(1, gt=0)
     progress: bool = True
     log_kl: bool = True  # compute KL to the reference for logging even when beta = 0
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)  # + metrics.jsonl
 
 
 class RunConfig(Section):

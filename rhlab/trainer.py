@@ -259,6 +259,9 @@ class Trainer:
         if start == 1:
             self._eval_and_save(0)
         t_run = time.time()
+        from rhlab.trackers import Trackers
+
+        trackers = Trackers(cfg.log.report_to, d, self.name, cfg.dump())
         progress = Progress(cfg.train.steps, start - 1, enabled=cfg.log.progress)
         for step in range(start, cfg.train.steps + 1):
             self.step = step
@@ -267,6 +270,7 @@ class Trainer:
                 row.update({f"eval/{k}": v for k, v in self._eval_and_save(step).items()})
             if step % cfg.log.log_every == 0 or step == cfg.train.steps:
                 append_jsonl(metrics, row)
+                trackers.log(row, step)
             if cfg.log.n_samples and (step % cfg.log.sample_every == 0 or step == 1):
                 for i in range(min(cfg.log.n_samples, len(batch.completions))):
                     append_jsonl(samples, {"step": step, "prompt": batch.prompts[i], "completion": batch.completions[i],
@@ -277,6 +281,8 @@ class Trainer:
             progress.update(row)
         progress.close()
         final = self._eval_and_save(cfg.train.steps)
+        trackers.log({f"eval/{k}": v for k, v in final.items()}, cfg.train.steps)
+        trackers.close()
         from rhlab.eval.trajectory import trajectory_summary
 
         summary = self.summary_dict("complete", final, train_seconds=time.time() - t_run,
