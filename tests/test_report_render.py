@@ -36,6 +36,6 @@ def test_report_html_renders_with_plots(tmp_path):
     px = list(img.getdata())
     # the plots are the only strongly coloured things on the page (matplotlib's C0/C1 lines, points, bands)
     coloured = sum(1 for r, g, b in px if max(r, g, b) - min(r, g, b) > 80)
-    assert coloured > 5000, f"only {coloured} coloured pixels: plots not rendered?"
+    assert coloured > 2000, f"only {coloured} coloured pixels: plots not rendered?"
     dark = sum(1 for r, g, b in px if max(r, g, b) < 100)  # text and axes
     assert dark > 20000, "page looks blank"
