@@ -26,6 +26,7 @@ from rhlab.eval.diversity import diversity
 from rhlab.interventions.base import build_intervention
 from rhlab.models import checkpoint as ckpt
 from rhlab.models.loading import encode_prompts, load_model
+from rhlab.models.fast_llama import policy_logits
 from rhlab.models.sampler import Rollouts, SamplingConfig, generate
 from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
 
@@ -43,13 +44,17 @@ class Batch:
     extra: dict = field(default_factory=dict)  # per-completion labels hooks attach
 
 
-def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool = False):
-    """Per-token log p(completion token) under softmax(logits / temperature): [B, T] (+ entropy)."""
+def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool = False,
+                      vocab_limit: int | None = None):
+    """Per-token log p(completion token) under softmax(logits / temperature): [B, T] (+ entropy).
+
+    The policy's support is the tokenizer's vocabulary (vocab_limit): logits are computed only
+    for completion positions and only for those rows of the output layer (see policy_logits).
+    """
     ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
     attn = torch.cat([r.prompt_mask, r.completion_mask], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    P = r.prompt_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1:-1].float()
+    logits = policy_logits(model, ids, attn, pos, r.prompt_ids.shape[1], vocab_limit)
     logp_all = (logits / temperature).log_softmax(-1)
     logp = logp_all.gather(-1, r.completion_ids[..., None]).squeeze(-1)
     if not with_entropy:
@@ -67,7 +72,7 @@ class Trainer:
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
         seed_everything(cfg.seed)
         self.model, self.tok = load_model(cfg.model.name, DTYPES[cfg.model.dtype])
-        self.vocab_limit = len(self.tok)
+        self.vocab_limit = len(self.tok)  # the policy's support: ids the tokenizer can produce
         if cfg.model.lora.enabled:
             self.model = ckpt.add_lora(self.model, cfg.model.lora)
         t = cfg.train
@@ -116,9 +121,9 @@ class Trainer:
     @torch.no_grad()
     def ref_logprobs(self, r: Rollouts) -> torch.Tensor:
         if self.ref is not None:
-            return sequence_logprobs(self.ref, r, self.sampling.temperature)[0]
+            return sequence_logprobs(self.ref, r, self.sampling.temperature, vocab_limit=self.vocab_limit)[0]
         with self.model.disable_adapter():
-            return sequence_logprobs(self.model, r, self.sampling.temperature)[0]
+            return sequence_logprobs(self.model, r, self.sampling.temperature, vocab_limit=self.vocab_limit)[0]
 
     def advantages(self, batch: Batch) -> torch.Tensor:
         t = self.cfg.train
@@ -165,7 +170,7 @@ class Trainer:
                 for gidx, ctx in self.intervention.backward_groups(self, batch, idx):
                     t0 = time.perf_counter()
                     logp, ent = sequence_logprobs(self.model, r.select(gidx), self.sampling.temperature,
-                                                  with_entropy=it == 0)
+                                                  with_entropy=it == 0, vocab_limit=self.vocab_limit)
                     if it == 0:  # the policy has not moved yet: these are the old log-probs
                         old[gidx] = logp.detach()
                     timings["logprobs"] += time.perf_counter() - t0
@@ -241,7 +246,8 @@ class Trainer:
              "completion_len": float(r.completion_mask.sum(1).float().mean()), **diversity(texts)}
         if self.need_ref:
             mask = r.completion_mask.float()
-            kl = k3_kl(sequence_logprobs(self.model, r, self.sampling.temperature)[0], self.ref_logprobs(r))
+            kl = k3_kl(sequence_logprobs(self.model, r, self.sampling.temperature, vocab_limit=self.vocab_limit)[0],
+                       self.ref_logprobs(r))
             m["kl"] = float((kl * mask).sum() / mask.sum())
         samples = [{"prompt": p, "completion": c, "reward": rw, "task_score": ts, "hack": h}
                    for p, c, rw, ts, h in zip(prompts, texts, scores.reward, scores.task_score, scores.hack)]

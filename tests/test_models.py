@@ -66,7 +66,7 @@ def test_sampler_masks_eos_and_truncation(builtin):
 def test_sampler_logprobs_match_full_forward(builtin):
     model, tok = builtin
     r = _gen(model, tok, PROMPTS * 2, temperature=0.8)
-    full, _ = sequence_logprobs(model, r, temperature=0.8)
+    full, _ = sequence_logprobs(model, r, temperature=0.8, vocab_limit=len(tok))
     m = r.completion_mask.bool()
     torch.testing.assert_close(full[m], r.logprobs[m], atol=1e-4, rtol=1e-3)  # fp32 cache vs full pass
 
@@ -114,3 +114,19 @@ def test_fast_backend_matches_transformers_forward(builtin, lora):
 def test_backend_errors(hub_cache, builtin):
     with pytest.raises(ValueError, match="allowed: auto, fast, hf"):
         _gen(*builtin, PROMPTS, backend="vllm-typo")
+
+
+def test_restricted_head_equals_full_logits(builtin):
+    """Computing only the tokenizer's rows of the output layer gives exactly the full logits' rows."""
+    from rhlab.models.fast_llama import policy_logits
+
+    model, tok = builtin
+    r = _gen(model, tok, PROMPTS, max_new_tokens=12)
+    ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
+    attn = torch.cat([r.prompt_mask, r.completion_mask], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    P = r.prompt_ids.shape[1]
+    full = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1:-1]
+    part = policy_logits(model, ids, attn, pos, P, vocab_limit=len(tok))
+    assert part.shape[-1] == len(tok) < full.shape[-1]
+    torch.testing.assert_close(part, full[..., :len(tok)], atol=1e-5, rtol=1e-5)

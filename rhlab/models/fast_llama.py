@@ -30,13 +30,42 @@ def supports(model) -> bool:
             and not getattr(cfg, "attention_bias", False) and hasattr(core, "model") and hasattr(core, "lm_head"))
 
 
+def _head(core, vocab_limit: int | None):
+    """Output-layer weight (and bias) restricted to the first vocab_limit rows, or None when the
+    head is not a plain Linear (then callers use the full logits and mask them)."""
+    head = getattr(core, "lm_head", None)
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    n = head.out_features if vocab_limit is None else min(vocab_limit, head.out_features)
+    return head.weight[:n], None if head.bias is None else head.bias[:n]
+
+
+def policy_logits(model, ids, attn, pos, prompt_len: int, vocab_limit: int | None = None) -> torch.Tensor:
+    """Logits predicting the completion tokens (positions prompt_len-1 .. end-1), over the first
+    vocab_limit ids. Computing only those positions and rows is exact for the policy and skips
+    most of the output layer when a model's vocabulary is larger than its tokenizer's (the
+    built-in model uses 576 of 4096 rows)."""
+    core = _core(model)
+    head = _head(core, vocab_limit)
+    base = getattr(core, getattr(core, "base_model_prefix", "model"), None)
+    if head is not None and base is not None:
+        h = base(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state[:, prompt_len - 1:-1]
+        return F.linear(h, *head).float()
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, prompt_len - 1:-1].float()
+    if vocab_limit is not None and vocab_limit < logits.shape[-1]:
+        logits = logits.masked_fill(torch.arange(logits.shape[-1]) >= vocab_limit, float("-inf"))
+    return logits
+
+
 class LlamaRunner:
-    def __init__(self, model, batch: int, max_len: int):
+    def __init__(self, model, batch: int, max_len: int, vocab_limit: int | None = None):
         core = _core(model)
         assert supports(model), f"LlamaRunner supports LLaMA models with static RoPE ({STATIC_ROPE}), no attention bias"
         cfg = core.config
         self.layers = core.model.layers
-        self.embed, self.norm, self.lm_head = core.model.embed_tokens, core.model.norm, core.lm_head
+        self.embed, self.norm = core.model.embed_tokens, core.model.norm
+        self.head = _head(core, vocab_limit)
+        assert self.head is not None, "LlamaRunner needs a Linear output layer"
         self.h, self.kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.h
         rot = core.model.rotary_emb
@@ -94,4 +123,4 @@ class LlamaRunner:
                                                enable_gqa=self.h != self.kv)
             x = x + att.o_proj(o.transpose(1, 2).reshape(B, L, self.h * self.hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.lm_head(self.norm(x[:, -1]))
+        return F.linear(self.norm(x[:, -1]), *self.head)

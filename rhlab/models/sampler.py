@@ -97,10 +97,11 @@ class _HFDecoder:
 class _FastDecoder:
     """LLaMA models: static KV cache, no transformers overhead per token (rhlab/models/fast_llama.py)."""
 
-    def __init__(self, model, ids, mask, pos, max_new: int):
+    def __init__(self, model, ids, mask, pos, max_new: int, vocab_limit: int | None):
         from rhlab.models.fast_llama import LlamaRunner
 
-        self.runner, self.P = LlamaRunner(model, ids.shape[0], ids.shape[1] + max_new), ids.shape[1]
+        self.runner = LlamaRunner(model, ids.shape[0], ids.shape[1] + max_new, vocab_limit)
+        self.P = ids.shape[1]
 
     def prefill(self, ids, mask, pos):
         return self.runner.forward(ids, pos, 0, visible=mask).float()
@@ -135,7 +136,7 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
     B, T = ids.shape[0], cfg.max_new_tokens
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     if pick_backend(model, cfg.backend) == "fast":
-        dec = _FastDecoder(model, ids, mask, pos, T)
+        dec = _FastDecoder(model, ids, mask, pos, T, vocab_limit)  # computes only the first vocab_limit logits
     else:
         dec = _HFDecoder(model, ids, mask, pos)
     logits = dec.prefill(ids, mask, pos)
@@ -149,7 +150,7 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
     if cfg.repetition_penalty != 1.0:
         seen = torch.zeros(B, logits.shape[-1], dtype=torch.long).scatter_add_(1, ids, mask) > 0
     for t in range(T):
-        if vocab_limit is not None:
+        if vocab_limit is not None and vocab_limit < logits.shape[-1]:
             logits[:, vocab_limit:] = float("-inf")
         if cfg.temperature == 0:
             tok = logits.argmax(-1)
