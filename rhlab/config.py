@@ -179,9 +179,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+def read_yaml(path: str | Path | None, overrides: list[str] = ()) -> dict:
+    """A YAML mapping (empty without a path) with key.path=value overrides applied."""
     data: dict = {}
-    source = "defaults"
     if path is not None:
         path = Path(path)
         if not path.exists():
@@ -189,8 +189,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        source = str(path)
-    data = apply_overrides(data, list(overrides))
+    return apply_overrides(data, list(overrides))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    data = read_yaml(path, overrides)
+    source = str(path) if path is not None else "defaults"
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:

@@ -26,7 +26,6 @@ completions the RM was trained on).
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +33,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rhlab.envs.base import Scores, register_env
+from rhlab.envs.stories import StoryPrompts
 from rhlab.eval.diversity import repetition_rate, words
-from rhlab.models.corpus import EVAL_SEED, PROMPT_SEED, make_corpus, story_opening
 from rhlab.models.loading import encode_prompts, load_model
 from rhlab.models.sampler import left_pad
 from rhlab.rm.model import RewardModel, read_rm_config
@@ -126,11 +125,6 @@ class GoldReward:
         return self.parts(prompts, completions)["gold"]
 
 
-def story_prompts(n_sentences: int = 1, pool: int = 2000) -> list[str]:
-    """The RL prompt pool (shared by the RM's preference pairs and the environment)."""
-    return sorted({story_opening(s, n_sentences) for s in make_corpus(pool, PROMPT_SEED)})
-
-
 class PreferenceParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rm_dir: str  # a directory written by rhlab.rm.train.train_reward_model
@@ -167,7 +161,7 @@ def hack_flags(proxy: list[float], gold: list[float], proxy_hi: float, gold_lo: 
 
 
 @register_env("preference")
-class PreferenceEnv:
+class PreferenceEnv(StoryPrompts):
     name = "preference"
 
     def __init__(self, cfg):
@@ -206,16 +200,7 @@ class PreferenceEnv:
             "gold_hack": float(q(base_gold, p.hack_gold_quantile)),
             "gold_pass": float(q(base_gold, p.pass_gold_quantile)),
         }
-        k = p.n_prompt_sentences
-        self.prompts = story_prompts(k, p.prompt_pool)
-        self._eval = [story_opening(s, k) for s in make_corpus(500, EVAL_SEED)]
-
-    def sample_prompts(self, rng: random.Random, n: int) -> list[str]:
-        return [rng.choice(self.prompts) for _ in range(n)]
-
-    def eval_prompts(self, n: int) -> list[str]:
-        assert n <= len(self._eval), f"at most {len(self._eval)} eval prompts"
-        return self._eval[:n]
+        self.init_prompts(p.n_prompt_sentences, p.prompt_pool)
 
     def score(self, prompts: list[str], completions: list[str]) -> Scores:
         assert len(prompts) == len(completions), f"{len(prompts)} prompts for {len(completions)} completions"

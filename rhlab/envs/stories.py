@@ -90,8 +90,29 @@ def story_quality(text: str) -> float:
     return formed * fresh * unique_sents * (0.5 + 0.5 * positive)
 
 
+def story_prompts(n_sentences: int = 1, pool: int = 2000) -> list[str]:
+    """The RL prompt pool: openings of held-out stories (PROMPT_SEED stream)."""
+    return sorted({story_opening(s, n_sentences) for s in make_corpus(pool, PROMPT_SEED)})
+
+
+class StoryPrompts:
+    """Prompts = openings of held-out stories (PROMPT_SEED stream); evaluation prompts from a
+    third stream (EVAL_SEED), so neither was seen in pretraining."""
+
+    def init_prompts(self, n_sentences: int, pool: int) -> None:
+        self.prompts = story_prompts(n_sentences, pool)
+        self._eval = [story_opening(s, n_sentences) for s in make_corpus(500, EVAL_SEED)]
+
+    def sample_prompts(self, rng: random.Random, n: int) -> list[str]:
+        return [rng.choice(self.prompts) for _ in range(n)]
+
+    def eval_prompts(self, n: int) -> list[str]:
+        assert n <= len(self._eval), f"at most {len(self._eval)} eval prompts"
+        return self._eval[:n]
+
+
 @register_env("happy_stories")
-class HappyStories:
+class HappyStories(StoryPrompts):
     name = "happy_stories"
     DEFAULT_PARAMS = {"n_prompt_sentences": 1, "prompt_pool": 2000, "pass_threshold": 0.5}
 
@@ -104,16 +125,7 @@ class HappyStories:
         self.params = params
         self.reward = WeightedReward(cfg.rewards)
         self.detector: DetectorFn = DETECTORS.build(cfg.detector.name, cfg.detector.params)
-        k = params["n_prompt_sentences"]
-        self.prompts = sorted({story_opening(s, k) for s in make_corpus(params["prompt_pool"], PROMPT_SEED)})
-        self._eval = [story_opening(s, k) for s in make_corpus(500, EVAL_SEED)]
-
-    def sample_prompts(self, rng: random.Random, n: int) -> list[str]:
-        return [rng.choice(self.prompts) for _ in range(n)]
-
-    def eval_prompts(self, n: int) -> list[str]:
-        assert n <= len(self._eval), f"at most {len(self._eval)} eval prompts"
-        return self._eval[:n]
+        self.init_prompts(params["n_prompt_sentences"], params["prompt_pool"])
 
     def score(self, prompts: list[str], completions: list[str]) -> Scores:
         reward, parts = self.reward(prompts, completions)

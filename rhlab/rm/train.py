@@ -25,8 +25,9 @@ import torch.nn.functional as F
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rhlab.config import ConfigError, apply_overrides
-from rhlab.envs.preference import GoldConfig, GoldReward, story_prompts
+from rhlab.config import ConfigError, read_yaml
+from rhlab.envs.preference import GoldConfig, GoldReward
+from rhlab.envs.stories import story_prompts
 from rhlab.models.loading import load_model
 from rhlab.models.sampler import SamplingConfig
 from rhlab.rm.model import RewardModel
@@ -65,15 +66,7 @@ class RMConfig(BaseModel):
 
 def load_rm_config(path: str | Path | None, overrides: list[str] = ()) -> RMConfig:
     """YAML + dotted overrides (as `rhlab train`), validated; errors name the key and allowed keys."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    data = apply_overrides(data, list(overrides))
+    data = read_yaml(path, overrides)
     try:
         return RMConfig.model_validate(data)
     except ValidationError as e:

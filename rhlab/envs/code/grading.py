@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .leetcode import CodeProblem, check_variant, eval_func_name, load_problems
+from .leetcode import CodeProblem, check_variant, eval_func_name, iter_jsonl, load_problems
 from .sandbox import Program, SandboxResult, StatementTest, run_many, asserts_to_tests
 
 CORRECT = "Correct"
@@ -301,32 +301,24 @@ def grade_completion(problem: CodeProblem, completion_text: str, variant: str, *
 
 def _load_completions(path: Path, known: Mapping[int, CodeProblem]) -> list[dict]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object")
-            for key in ("id", "completion"):
-                if key not in row:
-                    raise ValueError(f"{where}: missing key {key!r}")
-            if not isinstance(row["completion"], str):
-                raise ValueError(f"{where}: key 'completion' must be a string")
-            try:
-                pid = int(row["id"])
-            except (TypeError, ValueError):
-                raise ValueError(f"{where}: key 'id' must be an integer, got {row['id']!r}") from None
-            if pid not in known:
-                raise ValueError(f"{where}: unknown problem id {pid}")
-            name = row.get("test_func_name")
-            if name is not None and not (isinstance(name, str) and name.isidentifier()):
-                raise ValueError(f"{where}: key 'test_func_name' must be an identifier")
-            rows.append({"line": lineno, "id": pid, "completion": row["completion"], "test_func_name": name})
+    for lineno, where, row in iter_jsonl(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object")
+        for key in ("id", "completion"):
+            if key not in row:
+                raise ValueError(f"{where}: missing key {key!r}")
+        if not isinstance(row["completion"], str):
+            raise ValueError(f"{where}: key 'completion' must be a string")
+        try:
+            pid = int(row["id"])
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: key 'id' must be an integer, got {row['id']!r}") from None
+        if pid not in known:
+            raise ValueError(f"{where}: unknown problem id {pid}")
+        name = row.get("test_func_name")
+        if name is not None and not (isinstance(name, str) and name.isidentifier()):
+            raise ValueError(f"{where}: key 'test_func_name' must be an identifier")
+        rows.append({"line": lineno, "id": pid, "completion": row["completion"], "test_func_name": name})
     return rows
 
 

@@ -99,24 +99,30 @@ def problem_from_row(row: dict, where: str = "row") -> CodeProblem:
         meta=meta)
 
 
-def load_problems(path: str | Path) -> list[CodeProblem]:
-    """Read a JSONL file of problems; fail loudly (file:line) on malformed rows or duplicate ids."""
+def iter_jsonl(path: str | Path):
+    """(line number, "file:line", row) for each non-blank line; invalid JSON fails loudly with file:line."""
     path = Path(path)
-    problems, seen = [], {}
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
-                row = json.loads(line)
+                yield lineno, where, json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: invalid JSON ({e})") from None
-            p = problem_from_row(row, where)
-            if p.id in seen:
-                raise ValueError(f"{where}: duplicate id {p.id} (first at line {seen[p.id]})")
-            seen[p.id] = lineno
-            problems.append(p)
+
+
+def load_problems(path: str | Path) -> list[CodeProblem]:
+    """Read a JSONL file of problems; fail loudly (file:line) on malformed rows or duplicate ids."""
+    path = Path(path)
+    problems, seen = [], {}
+    for lineno, where, row in iter_jsonl(path):
+        p = problem_from_row(row, where)
+        if p.id in seen:
+            raise ValueError(f"{where}: duplicate id {p.id} (first at line {seen[p.id]})")
+        seen[p.id] = lineno
+        problems.append(p)
     if not problems:
         raise ValueError(f"{path}: no problems")
     return problems
