@@ -98,14 +98,22 @@ def train(config: Path = typer.Argument(..., help="run config YAML"),
 
 
 @app.command()
-def pretrain(out: Path = typer.Option(Path(__file__).parent / "models" / "builtin" / "tiny-stories",
-                                      help="output directory"),
-             seed: int = typer.Option(0), steps: int = typer.Option(800)):
-    """Pretrain the built-in tiny story model (tokenizer + LLaMA) on rhlab's generated corpus."""
-    from rhlab.models.pretrain import PretrainConfig
+def pretrain(out: Optional[Path] = typer.Option(None, help="output directory (default: the built-in model's)"),
+             seed: int = typer.Option(0), steps: Optional[int] = typer.Option(None, help="default 800 (stories), 600 (code)"),
+             corpus: str = typer.Option("stories", help="stories -> builtin:tiny-stories, code -> builtin:tiny-code"),
+             threads: int = typer.Option(2)):
+    """Pretrain a built-in tiny model (tokenizer + LLaMA) on one of rhlab's generated corpora."""
+    from rhlab.models.pretrain import PretrainConfig, code_pretrain_config
     from rhlab.models.pretrain import pretrain as run_pretrain
 
-    info = run_pretrain(out, PretrainConfig(seed=seed, steps=steps))
+    if corpus not in ("stories", "code"):
+        _fail(f"--corpus: unknown corpus {corpus!r}; allowed: stories, code")
+    builtin = Path(__file__).parent / "models" / "builtin"
+    if corpus == "code":
+        cfg = code_pretrain_config(seed=seed, steps=steps or 600, threads=threads)
+    else:
+        cfg = PretrainConfig(seed=seed, steps=steps or 800, threads=threads)
+    info = run_pretrain(out or builtin / ("tiny-code" if corpus == "code" else "tiny-stories"), cfg)
     console.print(info)
 
 
@@ -182,6 +190,60 @@ def grade(problems: Path = typer.Argument(..., help="problems JSONL (rl-rewardha
     console.print(f"graded: {out}")
 
 
+@app.command("train-rm")
+def train_rm(config: Path = typer.Argument(..., help="reward-model config YAML (see configs/rm_happy.yaml)"),
+             overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
+             out: Optional[Path] = typer.Option(None, help="output directory (default: out_dir in the config)")):
+    """Train a Bradley-Terry reward model on gold-labelled preference pairs (for env.name=preference)."""
+    from rhlab.rm.train import train_rm_cli
+
+    try:
+        m = train_rm_cli(config, overrides or [], out)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print({k: v for k, v in m.items() if k != "history"})
+
+
+@app.command()
+def rlhf(config: Path = typer.Argument(..., help="policy run config with env.name=preference"),
+         rm_config: Path = typer.Option(..., help="reward-model config YAML"),
+         rm_only: bool = typer.Option(False, help="train the reward model and stop"),
+         skip_rm: bool = typer.Option(False, help="use the saved reward model in the run config's env.params.rm_dir"),
+         overrides: Optional[List[str]] = typer.Argument(None, help="overrides for the policy run")):
+    """The pipeline: train the reward model, then optimise the policy against it."""
+    from rhlab.rm.train import load_rm_config
+
+    if rm_only and skip_rm:
+        _fail("--rm-only and --skip-rm exclude each other")
+    try:
+        rm_dir = load_rm_config(rm_config).out_dir
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    if not skip_rm:
+        console.rule("reward model")
+        train_rm(rm_config, [], None)
+    if rm_only:
+        return
+    console.rule("policy")
+    _run(_load(config, [f"env.params.rm_dir={rm_dir}", *(overrides or [])]))
+
+
+@app.command()
+def overopt(run_dirs: List[Path] = typer.Argument(..., help="policy runs against a reward model"),
+            out: Path = typer.Option(Path("runs/overopt"), help="output directory"),
+            source: str = typer.Option("train", help="train | eval: which metrics to fit"),
+            kl_unit: str = typer.Option("sequence", help="sequence | token KL for d = sqrt(KL)")):
+    """Fit gold = d (alpha - beta log d) over d = sqrt(KL); plot proxy and gold against d."""
+    from rhlab.rm.overopt import overopt_report
+
+    try:
+        res = overopt_report(run_dirs, out, source=source, kl_unit=kl_unit)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print(res["runs"])
+    console.print(f"plot: {out / 'overopt.png'}")
+
+
 def _pairs(items: List[str], what: str) -> dict:
     import yaml
 
@@ -240,6 +302,26 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
     if n_failed:
         console.print(f"[red]{n_failed} of {len(results)} runs failed[/] (logs under {sp.output_dir}/_logs)")
         raise typer.Exit(1)
+
+
+@app.command("extract-direction")
+def extract_direction(config: Path = typer.Argument(..., help="run config with intervention svd_projection"),
+                      overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
+                      out: Optional[Path] = typer.Option(None, help="v_hack file (default: the cached path training uses)")):
+    """Extract v_hack from contrastive pairs (gradient side), validate it on held-out pairs, save it."""
+    from rhlab.direction import GATE_FRAC, DirectionError
+    from rhlab.interventions.projection import extract_for_config
+
+    try:
+        path, meta = extract_for_config(_load(config, overrides or []), out)
+    except (ValueError, FileNotFoundError, DirectionError) as e:
+        _fail(str(e))
+    val = meta["validation"]
+    console.print(f"v_hack: {path}\nheld-out: median cos {val['median_cos']:.3f}, {val['frac_pos']:.0%} of "
+                  f"{val['n_modules']} modules > 0 (gate {GATE_FRAC:.0%}); per mode: " + ", ".join(
+                      f"{m} {v['median_cos']:.2f}" for m, v in val["per_mode"].items()), highlight=False)
+    if val["frac_pos"] < GATE_FRAC:
+        _fail("validation gate failed: training with this direction refuses to start")
 
 
 def main() -> None:  # pragma: no cover

@@ -34,6 +34,9 @@ def evaluate_checkpoint(target: Path, n_prompts: int = 64) -> tuple[dict, list[d
     cfg = RunConfig.model_validate(yaml.safe_load(cfg_path.read_text()))
     trainer = Trainer(cfg, run_dir)
     ckpt.load_weights(trainer.model, ck)
+    trainer.cfg.log.eval_prompts = n_prompts  # so the intervention's extra modes use the same prompts
     m, samples = trainer.evaluate(n_prompts)
+    for mode, extra in trainer.intervention.extra_evals(trainer).items():  # e.g. routing's adapter ablations
+        m.update({f"{mode}/{k}": v for k, v in extra.items()})
     write_json(run_dir / "eval" / f"cli_{ck.name}.json", {"checkpoint": str(ck), "metrics": m, "samples": samples})
     return m, samples, str(ck)

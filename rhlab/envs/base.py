@@ -50,6 +50,7 @@ def register_env(name: str):
 
 def load_builtin_envs() -> None:
     """Importing an environment module registers it and its rewards and detectors."""
+    import rhlab.envs.minicode  # noqa: F401
     import rhlab.envs.preference  # noqa: F401
     import rhlab.envs.rewrite  # noqa: F401
     import rhlab.envs.stories  # noqa: F401

@@ -17,7 +17,7 @@ from transformers.utils import logging as hf_logging
 hf_logging.disable_progress_bar()  # "Loading weights" bars would drown the training progress bar
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-BUILTIN_MODELS = ("tiny-stories",)
+BUILTIN_MODELS = ("tiny-stories", "tiny-code")
 
 
 def resolve_model_path(name: str) -> str:
@@ -30,7 +30,7 @@ def resolve_model_path(name: str) -> str:
         path = BUILTIN_DIR / key
         if not (path / "model.safetensors").exists():
             raise FileNotFoundError(f"model: builtin weights missing at {path}; regenerate them with "
-                                    f"`rhlab pretrain --out {path}`")
+                                    f"`rhlab pretrain --corpus {'code' if key == 'tiny-code' else 'stories'} --out {path}`")
         return str(path)
     if name.startswith((".", "/", "~")) or Path(name).expanduser().exists():
         path = Path(name).expanduser()

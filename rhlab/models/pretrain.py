@@ -1,4 +1,5 @@
-"""Pretrain the built-in tiny LLaMA on rhlab's own story corpus.
+"""Pretrain the built-in tiny LLaMAs on rhlab's own corpora: stories (`builtin:tiny-stories`)
+or mini-code tasks (`builtin:tiny-code`, see rhlab.models.code_corpus).
 
 The tokenizer mirrors the SimpleStories one (lowercasing WordPiece, [UNK]=0, [EOS]=1, EOS
 appended by the post-processor, no BOS/PAD), so the built-in model and the Hub model go
@@ -46,6 +47,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 4096) -> PreTrainedToken
 
 @dataclass
 class PretrainConfig:
+    corpus: str = "stories"  # stories | code
     seed: int = 0
     n_stories: int = 40_000
     steps: int = 1200
@@ -54,6 +56,28 @@ class PretrainConfig:
     lr: float = 3e-3
     warmup: int = 50
     threads: int = 2
+    n_docs: int = 0  # code corpus: documents (0 for the story corpus, which uses n_stories)
+    vocab_size: int = 4096
+
+
+def code_pretrain_config(seed: int = 0, steps: int = 600, threads: int = 2) -> PretrainConfig:
+    """The recipe of builtin:tiny-code: a byte-level BPE of 1024 tokens, rows of whole documents."""
+    return PretrainConfig(corpus="code", seed=seed, n_stories=0, steps=steps, batch_size=32, seq_len=128,
+                          lr=3e-3, warmup=50, threads=threads, n_docs=60_000, vocab_size=1024)
+
+
+def _corpus(cfg: PretrainConfig):
+    """(texts, tokenizer, training rows [N, seq_len])."""
+    if cfg.corpus == "code":
+        from rhlab.models.code_corpus import CODE_CORPUS_SEED, make_code_corpus, pack_documents, train_code_tokenizer
+
+        texts, _ = make_code_corpus(cfg.n_docs, seed=CODE_CORPUS_SEED + cfg.seed)
+        tokenizer = train_code_tokenizer(texts, cfg.vocab_size)
+        return texts, tokenizer, pack_documents(tokenizer, texts, cfg.seq_len)
+    assert cfg.corpus == "stories", f"unknown corpus {cfg.corpus!r}; allowed: stories, code"
+    texts = make_corpus(cfg.n_stories, seed=PRETRAIN_SEED + cfg.seed)
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    return texts, tokenizer, _pack(tokenizer, texts, cfg.seq_len)
 
 
 def _pack(tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int) -> torch.Tensor:
@@ -69,10 +93,8 @@ def pretrain(out_dir: str | Path, cfg: PretrainConfig = PretrainConfig(), log=pr
     """Train tokenizer and model from scratch; write model + tokenizer to out_dir."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    texts = make_corpus(cfg.n_stories, seed=PRETRAIN_SEED + cfg.seed)
-    tokenizer = train_tokenizer(texts)
-    data = _pack(tokenizer, texts, cfg.seq_len)
-    model = LlamaForCausalLM(simplestories_config())
+    texts, tokenizer, data = _corpus(cfg)
+    model = LlamaForCausalLM(simplestories_config(cfg.vocab_size))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(cfg.seed)
     t0, loss_ema = time.time(), None
@@ -96,6 +118,6 @@ def pretrain(out_dir: str | Path, cfg: PretrainConfig = PretrainConfig(), log=pr
     tokenizer.save_pretrained(out)
     info = {"pretrain_config": asdict(cfg), "final_loss_ema": loss_ema, "n_tokens": int(data.numel()),
             "seconds": round(time.time() - t0, 1), "torch": torch.__version__,
-            "command": f"rhlab pretrain --out {out_dir} --seed {cfg.seed} --steps {cfg.steps}"}
+            "command": f"rhlab pretrain --corpus {cfg.corpus} --out {out_dir} --seed {cfg.seed} --steps {cfg.steps} --threads {cfg.threads}"}
     (out / "pretrain_info.json").write_text(json.dumps(info, indent=2))
     return info
