@@ -55,6 +55,8 @@ def vanilla() -> Intervention:
 
 def build_intervention(spec) -> Intervention:
     # intervention modules register themselves on import (one line each)
+    import rhlab.interventions.routing  # noqa: F401
+
     return INTERVENTIONS.build(spec.name, spec.params)
 
 

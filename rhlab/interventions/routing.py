@@ -1,0 +1,201 @@
+"""Gradient routing: flagged completions update only the forget adapter; ablate it at inference.
+
+Every targeted linear layer gets a retain and a forget LoRA (rhlab/adapters/dual_lora.py). Each
+micro-batch is split into flagged / unflagged groups, each back-propagated inside a context that
+zeroes some adapters' parameter gradients:
+
+    mode       flagged completions update    the rest update
+    none       both (no split)               both
+    classic    forget only                   both
+    exclusive  forget only                   retain only
+
+The flags come from an overseer: a base detector (`env` = the environment's own hack flag, or
+any DETECTORS name with detector_params) passed through noise with the configured recall and
+false-positive rate, drawn from a stream seeded by (seed, step) so a resumed run is exact.
+With route=group, every completion of a prompt whose group holds a flagged completion is routed
+as flagged: under group-relative advantages the unflagged members' (negative) advantages are
+set by the hack's reward, so they carry the hack signal too.
+Evaluations add the modes both (1, 1), retain_only (1, 0) and forget_only (0, 1).
+See docs/routing.md.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import nullcontext
+
+import torch
+
+from rhlab.adapters import dual_lora
+from rhlab.config import ALL_LINEAR
+from rhlab.interventions.base import INTERVENTIONS, Intervention
+from rhlab.rewards.registry import DETECTORS
+
+MODES = ("none", "classic", "exclusive")
+ROUTE = ("completion", "group")  # what a flag routes: the flagged completion, or its whole group
+# (retain mask, forget mask) for the flagged and the unflagged group of each mode
+MASKS = {"classic": {"flagged": (0, 1), "unflagged": (1, 1)},
+         "exclusive": {"flagged": (0, 1), "unflagged": (1, 0)}}
+EVAL_MODES = {"both": (1.0, 1.0), "retain_only": (1.0, 0.0), "forget_only": (0.0, 1.0)}
+
+
+class Routing(Intervention):
+    name = "routing"
+
+    def __init__(self, mode: str, retain_rank: int, forget_rank: int, retain_alpha: float, forget_alpha: float,
+                 target_modules: list[str], layers: list[int] | None, detector: str, detector_params: dict,
+                 recall: float, false_positive_rate: float, route: str, eval_modes: bool):
+        if mode not in MODES:
+            raise ValueError(f"routing mode {mode!r}; allowed: {', '.join(MODES)}")
+        if not (0 <= recall <= 1 and 0 <= false_positive_rate <= 1):
+            raise ValueError(f"routing recall={recall}, false_positive_rate={false_positive_rate} must lie in [0, 1]")
+        if route not in ROUTE:
+            raise ValueError(f"routing route {route!r}; allowed: {', '.join(ROUTE)}")
+        if detector == "env" and detector_params:
+            raise ValueError("routing detector 'env' (the environment's hack flag) takes no detector_params")
+        self.mode = mode
+        self.ranks = dict(retain_rank=retain_rank, retain_alpha=retain_alpha,
+                          forget_rank=forget_rank, forget_alpha=forget_alpha)
+        self.target_modules, self.layers = list(target_modules), layers
+        self.detector_name, self.detector_params = detector, dict(detector_params)
+        self.recall, self.fpr = recall, false_positive_rate
+        self.route = route
+        self.eval_modes = eval_modes
+        self.masks = MASKS.get(mode)  # a test may set all-ones masks: the split must then change nothing
+        self.detector = None
+        self.stats: dict[str, float] = {}
+
+    # ---- once ----------------------------------------------------------------------------
+    def prepare_model(self, trainer, model):
+        if trainer.cfg.model.lora.enabled:
+            raise ValueError("intervention routing installs its own dual adapters: set model.lora.enabled=false")
+        dual_lora.install(model, self.target_modules, self.layers, **self.ranks)
+        return model
+
+    def setup(self, trainer) -> None:
+        # built here, not in the factory: the environments register their detectors on import
+        if self.detector_name != "env":
+            self.detector = DETECTORS.build(self.detector_name, self.detector_params)
+
+    # ---- each step -----------------------------------------------------------------------
+    def on_scored(self, trainer, batch) -> None:
+        truth = torch.tensor(batch.scores.hack, dtype=torch.bool)  # the env's hack flag: what we report against
+        if self.detector is None:
+            base = truth.clone()
+        else:
+            base = torch.tensor(self.detector(batch.prompts, batch.completions), dtype=torch.bool)
+        assert len(base) == len(batch.completions), "detector returned the wrong number of flags"
+        flags = self.oversee(base, trainer.cfg.seed, trainer.step)
+        routed = flags
+        if self.route == "group":
+            g = trainer.cfg.train.num_generations
+            assert len(flags) % g == 0, f"{len(flags)} completions do not split into groups of {g}"
+            assert all(len(set(batch.prompts[i:i + g])) == 1 for i in range(0, len(flags), g)), \
+                "route=group expects each prompt's completions to be contiguous"
+            routed = flags.view(-1, g).any(1, keepdim=True).expand(-1, g).reshape(-1)
+        batch.extra["routing_flag"] = routed
+        self.stats = {**_flag_stats(flags, truth), "routing/routed_frac": float(routed.float().mean())}
+
+    def oversee(self, base: torch.Tensor, seed: int, step: int) -> torch.Tensor:
+        """An imperfect overseer: keeps each detected completion with prob recall and flags each
+        undetected one with prob false_positive_rate; one uniform draw per completion per step."""
+        rng = random.Random(f"{seed}-routing-{step}")
+        u = torch.tensor([rng.random() for _ in range(len(base))], dtype=torch.float64)
+        return torch.where(base, u < self.recall, u < self.fpr)
+
+    def backward_groups(self, trainer, batch, idx):
+        if self.mode == "none":
+            return [(idx, nullcontext())]
+        flags = batch.extra.get("routing_flag")
+        assert flags is not None, "routing: on_scored did not attach routing_flag to the batch"
+        sel = flags[idx]
+        groups = []
+        for key, members in (("flagged", idx[sel]), ("unflagged", idx[~sel])):
+            if len(members):
+                retain, forget = self.masks[key]
+                groups.append((members, dual_lora.grad_mask(trainer.model, retain=retain, forget=forget)))
+        assert sum(len(g) for g, _ in groups) == len(idx)
+        return groups
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.stats)
+
+    # ---- evaluation ----------------------------------------------------------------------
+    def extra_evals(self, trainer) -> dict[str, dict]:
+        if not self.eval_modes:
+            return {}
+        out = {}
+        for mode, (retain, forget) in EVAL_MODES.items():
+            with dual_lora.scales(trainer.model, retain, forget):
+                out[mode], _ = trainer.evaluate()
+        return out
+
+
+def _flag_stats(flags: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
+    """Per-step oversight numbers against the env's hack flag; recall / precision are nan when undefined."""
+    tp = float((flags & truth).sum())
+    return {"routing/flagged_frac": float(flags.float().mean()),
+            "routing/true_hack_rate": float(truth.float().mean()),
+            "routing/recall": tp / float(truth.sum()) if truth.any() else float("nan"),
+            "routing/precision": tp / float(flags.sum()) if flags.any() else float("nan")}
+
+
+@INTERVENTIONS.register("routing")
+def routing(mode: str = "classic", retain_rank: int = 8, forget_rank: int = 8, retain_alpha: float = 16.0,
+            forget_alpha: float = 16.0, target_modules: list[str] | None = None, layers: list[int] | None = None,
+            detector: str = "env", detector_params: dict | None = None, recall: float = 1.0,
+            false_positive_rate: float = 0.0, route: str = "completion", eval_modes: bool = True) -> Intervention:
+    """Dual retain/forget LoRA with gradient routing. detector: 'env' (batch.scores.hack) or a
+    DETECTORS name; recall / false_positive_rate model an imperfect overseer."""
+    return Routing(mode, retain_rank, forget_rank, retain_alpha, forget_alpha, target_modules or list(ALL_LINEAR),
+                   layers, detector, detector_params or {}, recall, false_positive_rate, route, eval_modes)
+
+
+# ---- the routing table (python -m rhlab.interventions.routing RUNS...) -------------------------
+TABLE_METRICS = ("hack_rate", "task_score", "pass_rate", "reward_mean", "distinct_2", "kl")
+
+
+def routing_table(paths) -> str:
+    """Mean ± SEM over seeds of the final evaluation, by arm and adapter mode (arms without modes,
+    e.g. the LoRA baseline, show their plain evaluation as `both`), plus the initial policy."""
+    from rhlab.report.runs import load_runs
+    from rhlab.report.tables import mean_sem
+
+    runs = [r for r in load_runs(paths) if r.complete]
+    assert runs, f"no complete runs under {paths}"
+    initial = [_read_initial(r.path) for r in runs]
+    rows = [("initial", "-", initial)]
+    for arm in sorted({r.arm for r in runs}):
+        finals = [r.final for r in runs if r.arm == arm]
+        for mode in EVAL_MODES:
+            vals = [v for f in finals if (v := _mode_values(f, mode)) is not None]
+            if vals:
+                rows.append((arm, mode, vals))
+    head = f"{'arm':<26} {'mode':<12} {'n':>2} " + " ".join(f"{m:>15}" for m in TABLE_METRICS)
+    lines = [head, "-" * len(head)]
+    for arm, mode, vals in rows:
+        cells = []
+        for m in TABLE_METRICS:
+            s = mean_sem(v[m] for v in vals)
+            cells.append(f"{s.mean:.3f} ± {s.sem:.3f}".rjust(15) if s.n > 1 else f"{s.mean:.3f}".rjust(15))
+        lines.append(f"{arm:<26} {mode:<12} {len(vals):>2} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def _mode_values(final: dict, mode: str) -> dict | None:
+    if "both/hack_rate" not in final:  # an arm without adapter modes: its plain evaluation is `both`
+        return {k: final.get(k) for k in TABLE_METRICS} if mode == "both" else None
+    return {k: final.get(f"{mode}/{k}") for k in TABLE_METRICS}
+
+
+def _read_initial(run_dir) -> dict:
+    from rhlab.models.checkpoint import read_json
+
+    return {k: read_json(run_dir / "summary.json")["initial"].get(k) for k in TABLE_METRICS}
+
+
+if __name__ == "__main__":
+    import sys
+
+    assert len(sys.argv) > 1, "usage: python -m rhlab.interventions.routing RUN_DIR_OR_FOLDER..."
+    print(routing_table(sys.argv[1:]))
