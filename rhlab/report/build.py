@@ -16,6 +16,8 @@ from .runs import DEFAULT_ARM, ReportError, Run, last_step_samples, load_runs
 from .tables import arm_names, arm_table, delta_safepass, format_table, metric_names
 
 SAMPLES_PER_ARM = 3
+TERMINAL_METRICS = ("pass_rate", "hack_rate", "safe_pass", "task_score", "reward_mean", "kl",
+                    "retain_only/hack_rate", "retain_only/task_score")
 
 
 def build_report(
@@ -77,7 +79,9 @@ def build_report(
     }
     results = _nan_to_none(results)
     (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False), encoding="utf-8")
-    results["table_text"] = format_table(table, deltas, metrics, reference_arm)
+    # the terminal table keeps the headline metrics; every metric is in report.md / results.json
+    headline = [m for m in TERMINAL_METRICS if m in metrics] or metrics
+    results["table_text"] = format_table(table, deltas, headline, reference_arm)
     return results
 
 
