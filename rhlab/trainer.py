@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advantages
+from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advantages, screened_advantages
 from rhlab.algos.losses import Norm, k3_kl, policy_loss
 from rhlab.config import RunConfig, run_name
 from rhlab.envs.base import Scores, build_env
@@ -127,6 +127,11 @@ class Trainer:
 
     def advantages(self, batch: Batch) -> torch.Tensor:
         t = self.cfg.train
+        exclude = batch.extra.get("exclude")
+        if exclude is not None:  # screening: group statistics over kept members only, excluded get A = 0
+            if t.algo != "grpo":
+                raise ValueError("an intervention excluded completions (screening): needs train.algo=grpo")
+            return screened_advantages(batch.rewards, exclude, t.num_generations, t.scale_rewards)
         if t.algo == "rloo":
             return rloo_advantages(batch.rewards, t.num_generations)
         if t.algo == "reinforce":

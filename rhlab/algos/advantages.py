@@ -56,3 +56,24 @@ class MovingBaseline:
 
     def load(self, state: dict) -> None:
         self.value = state["value"]
+
+
+def screened_advantages(rewards: torch.Tensor, exclude: torch.Tensor, G: int, scale: str = "group") -> torch.Tensor:
+    """Exact screening for GRPO (what the trainer should call when batch.extra has "exclude"):
+    mean and std over each group's kept members only; excluded members and groups with fewer than
+    2 kept members get A = 0. "batch" scaling uses the std of all kept rewards."""
+    assert rewards.shape == exclude.shape and rewards.numel() % G == 0
+    r, keep = rewards.view(-1, G), ~exclude.view(-1, G)
+    k = keep.sum(1, keepdim=True)
+    mean = (r * keep).sum(1, keepdim=True) / k.clamp(min=1)
+    adv = (r - mean) * keep
+    if scale == "group":
+        var = (((r - mean) ** 2) * keep).sum(1, keepdim=True) / (k - 1).clamp(min=1)
+        adv = adv / (var.sqrt() + EPS)
+    elif scale == "batch":
+        kept = rewards[~exclude]
+        adv = adv / ((kept.std() if kept.numel() > 1 else torch.tensor(0.0)) + EPS)
+    elif scale != "none":
+        raise ValueError(f"scale_rewards: unknown {scale!r}; allowed: group, batch, none")
+    adv = adv * (k >= 2)
+    return adv.view(-1)

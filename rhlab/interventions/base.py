@@ -55,6 +55,7 @@ def vanilla() -> Intervention:
 
 def build_intervention(spec) -> Intervention:
     # intervention modules register themselves on import (one line each)
+    import rhlab.interventions.penalties  # noqa: F401  (svd, svd_projection, advantage_penalty, monitor_penalty, screening)
     import rhlab.interventions.routing  # noqa: F401
 
     return INTERVENTIONS.build(spec.name, spec.params)

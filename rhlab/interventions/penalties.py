@@ -1,0 +1,167 @@
+"""Baselines for the projection experiment, acting on rewards/advantages instead of gradients.
+All of them train the same SVD adapter as the projection arms (svd.enabled=false: plain model).
+
+advantage_penalty  Rebound-style (Wu & Tang 2026, section 3.2): per completion
+                   r <- r - alpha * max(0, cos(h_mean - c, v_concept)), h_mean the policy's mean
+                   residual-stream activation over the completion's tokens at depth_frac of the
+                   stack, v_concept = unit(mean h_hack - mean h_clean) over the contrastive pairs
+                   (extracted once, from the initial model). c = 0 as specified; center=true uses
+                   c = the midpoint of the two pair means.
+monitor_penalty    r <- r - penalty when a detector of the given accuracy flags the completion
+                   (the env's hack flag, flipped with probability 1 - accuracy; seeded per step).
+screening          flagged completions leave their group's statistics and get A = 0. Exact with
+                   the trainer change that honours batch.extra["exclude"] (see
+                   screened_advantages); without it, on_scored sets an excluded reward to the mean
+                   of its group's kept rewards: exact for scale_rewards=none, while under "group"
+                   scaling the kept advantages are divided by the std over all G members instead
+                   of the kept k (a factor sqrt((G-1)/(k-1)) too large).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from rhlab.algos.advantages import EPS, screened_advantages  # noqa: F401  (re-exported for tests)
+from rhlab.direction import hidden_layer, masked_hidden_mean, pair_activation_means, unit
+from rhlab.interventions.base import INTERVENTIONS
+from rhlab.interventions.projection import SVDArm
+from rhlab.pairs import load_pairs
+from rhlab.rewards.registry import DETECTORS
+
+
+class AdvantagePenalty(SVDArm):
+    name = "advantage_penalty"
+
+    def __init__(self, alpha: float = 0.5, depth_frac: float = 0.7, pairs: str = "happy_stories",
+                 pair_params: dict | None = None, modes: list[str] | None = None, center: bool = False,
+                 svd: dict | None = None):
+        super().__init__(svd)
+        assert alpha >= 0, f"alpha must be >= 0, got {alpha}"
+        self.alpha, self.depth_frac, self.center = alpha, depth_frac, center
+        self.pairs, self.pair_params, self.modes = pairs, dict(pair_params or {}), modes
+        self._m: dict[str, float] = {}
+
+    def setup(self, trainer) -> None:
+        self.layer = hidden_layer(trainer.model, self.depth_frac)
+        pairs = load_pairs(self.pairs, self.pair_params, self.modes)
+        h_hack, h_clean = pair_activation_means(trainer.model, trainer.tok, pairs, self.layer)
+        self.v = unit(h_hack.mean(0) - h_clean.mean(0), "v_concept")
+        self.c = (h_hack.mean(0) + h_clean.mean(0)) / 2 if self.center else torch.zeros_like(self.v)
+        cos_h, cos_c = self.cos(h_hack), self.cos(h_clean)
+        # how well the penalty separates the pairs it came from (logged once, for the write-up)
+        self.pair_stats = {"pair_cos_hack": float(cos_h.mean()), "pair_cos_clean": float(cos_c.mean()),
+                           "pair_frac_hack_above": float((cos_h > cos_c).float().mean())}
+        print(f"advantage_penalty: layer {self.layer}, {len(pairs)} pairs, {self.pair_stats}")
+
+    def cos(self, h: torch.Tensor) -> torch.Tensor:
+        x = h - self.c
+        return x @ self.v / (x.norm(dim=-1) + 1e-12)
+
+    def completion_means(self, trainer, batch) -> torch.Tensor:
+        r = batch.rollouts
+        out = []
+        for idx in torch.arange(len(r)).chunk(trainer.cfg.train.gradient_accumulation_steps):
+            s = r.select(idx)
+            ids = torch.cat([s.prompt_ids, s.completion_ids], 1)
+            attn = torch.cat([s.prompt_mask, s.completion_mask], 1)
+            cm = torch.cat([torch.zeros_like(s.prompt_mask), s.completion_mask], 1)
+            out.append(masked_hidden_mean(trainer.model, ids, attn, cm, self.layer))
+        return torch.cat(out)
+
+    def on_scored(self, trainer, batch) -> None:
+        was_training = trainer.model.training
+        trainer.model.eval()
+        cos = self.cos(self.completion_means(trainer, batch))
+        trainer.model.train(was_training)
+        pen = self.alpha * cos.clamp(min=0)
+        batch.rewards = batch.rewards - pen
+        batch.extra["concept_cos"] = cos
+        hack = torch.tensor(batch.scores.hack, dtype=torch.bool)
+        self._m = {"penalty/mean": float(pen.mean()), "penalty/cos": float(cos.mean()),
+                   "penalty/cos_hack": float(cos[hack].mean()) if hack.any() else float("nan"),
+                   "penalty/cos_nohack": float(cos[~hack].mean()) if (~hack).any() else float("nan")}
+
+    def metrics(self) -> dict[str, float]:
+        return self._m
+
+
+class Monitor:
+    """Hack flags from a detector of a given accuracy: the true flag (the env's detector, or the
+    named one) flipped with probability 1 - accuracy, one draw per completion from a stream seeded
+    by (run seed, step), so runs are reproducible and resumable."""
+
+    def __init__(self, accuracy: float, detector: dict | None):
+        assert 0 <= accuracy <= 1, f"accuracy must be in [0, 1], got {accuracy}"
+        self.accuracy = accuracy
+        self.detector = DETECTORS.build(detector["name"], detector.get("params", {})) if detector else None
+
+    def flags(self, trainer, batch) -> torch.Tensor:
+        truth = batch.scores.hack if self.detector is None else self.detector(batch.prompts, batch.completions)
+        rng = random.Random(f"{trainer.cfg.seed}-monitor-{trainer.step}")
+        out = [bool(t) != (rng.random() >= self.accuracy) for t in truth]
+        return torch.tensor(out, dtype=torch.bool)
+
+
+class MonitorPenalty(SVDArm):
+    name = "monitor_penalty"
+
+    def __init__(self, penalty: float = 1.0, accuracy: float = 0.9, detector: dict | None = None,
+                 svd: dict | None = None):
+        super().__init__(svd)
+        assert penalty >= 0, f"penalty must be >= 0, got {penalty}"
+        self.penalty, self.monitor = penalty, Monitor(accuracy, detector)
+        self._m: dict[str, float] = {}
+
+    def on_scored(self, trainer, batch) -> None:
+        flags = self.monitor.flags(trainer, batch)
+        batch.rewards = batch.rewards - self.penalty * flags.float()
+        batch.extra["monitor_flag"] = flags
+        self._m = {"monitor/flag_rate": float(flags.float().mean())}
+
+    def metrics(self) -> dict[str, float]:
+        return self._m
+
+
+def screened_rewards(rewards: torch.Tensor, exclude: torch.Tensor, G: int) -> torch.Tensor:
+    """Excluded rewards -> the mean of their group's kept rewards (kept ones unchanged); a group with
+    fewer than 2 kept members becomes constant (no statistics: every A = 0)."""
+    r = rewards.view(-1, G).clone()
+    ex = exclude.view(-1, G)
+    for g in range(r.shape[0]):
+        keep = ~ex[g]
+        if keep.sum() < 2:
+            r[g] = r[g][keep].mean() if keep.any() else r[g].mean()
+        else:
+            r[g][ex[g]] = r[g][keep].mean()
+    return r.view(-1)
+
+
+class Screening(SVDArm):
+    name = "screening"
+
+    def __init__(self, accuracy: float = 0.9, detector: dict | None = None, svd: dict | None = None):
+        super().__init__(svd)
+        self.monitor = Monitor(accuracy, detector)
+        self._m: dict[str, float] = {}
+
+    def setup(self, trainer) -> None:
+        t = trainer.cfg.train
+        if t.algo != "grpo" or t.kl_in_reward:
+            raise ValueError("screening needs train.algo=grpo and kl_in_reward=false (group statistics of kept "
+                             f"members); got algo={t.algo}, kl_in_reward={t.kl_in_reward}")
+
+    def on_scored(self, trainer, batch) -> None:
+        flags = self.monitor.flags(trainer, batch)
+        batch.extra["exclude"] = flags
+        batch.rewards = screened_rewards(batch.rewards, flags, trainer.cfg.train.num_generations)
+        self._m = {"monitor/flag_rate": float(flags.float().mean())}
+
+    def metrics(self) -> dict[str, float]:
+        return self._m
+
+
+INTERVENTIONS.register("advantage_penalty")(AdvantagePenalty)
+INTERVENTIONS.register("monitor_penalty")(MonitorPenalty)
+INTERVENTIONS.register("screening")(Screening)

@@ -1,0 +1,182 @@
+"""Rank-space gradient projection against a hack direction (seed document pseudocode C).
+
+Every step, every SVD module, between backward and the optimizer step:
+    cos = g . v / |g|;  if cos > 0:  g <- g - cos |g| v,  then rescale to the original |g|
+(the max(0, cos) is directional correctness, not gating: projecting when cos < 0 would *add*
+hack component). `rescale: false` is the no-magnitude-preservation ablation; `project: false`
+only measures (the vanilla SVD arm: what the projection *would* do).
+
+Diagnostics per step (metrics.jsonl): proj/mean_cos, proj/std_cos (over modules), proj/grad_norm
+(mean |g| over modules, before projection), proj/frac_fired (fraction of modules with cos > 0).
+Their mean over the last `window` steps goes into every evaluation as proj/<name>, so into
+summary.json "final" and the report's table.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from rhlab.adapters.svd import default_cache_dir, svd_modules, wrap_svd
+from rhlab.direction import check_gate, default_direction_path, direction_settings, ensure_direction
+from rhlab.interventions.base import INTERVENTIONS, Intervention
+
+SVD_KEYS = {"enabled", "targets", "rank", "cache_dir"}
+DIAGNOSTICS = ("mean_cos", "std_cos", "grad_norm", "frac_fired")
+
+
+def project(g: torch.Tensor, v: torch.Tensor, rescale: bool = True) -> tuple[torch.Tensor, float, bool]:
+    """(new g, cos, fired) for one module: remove the positive component along unit v."""
+    assert g.dim() == 1 and g.shape == v.shape, f"g {tuple(g.shape)} and v {tuple(v.shape)} must be equal vectors"
+    assert abs(float(v.norm()) - 1) < 1e-4, f"v must be unit, |v| = {float(v.norm()):.6f}"
+    norm = g.norm()
+    if norm < 1e-12:
+        return g, 0.0, False
+    cos = g @ v / norm
+    if cos <= 0:
+        return g, float(cos), False
+    out = g - cos * norm * v
+    if rescale:
+        rest = out.norm()
+        # g (almost) parallel to v: nothing left to rescale; blowing float noise up to |g| would be wrong
+        out = out * (norm / rest) if rest > 1e-6 * norm else torch.zeros_like(g)
+    return out, float(cos), True
+
+
+class SVDArm(Intervention):
+    """Base of every arm in the projection experiment: the model trains only delta_S of SVD adapters.
+    svd: {enabled (true), targets (all attn + MLP linears), rank (null = full), cache_dir}."""
+    name = "svd"
+
+    def __init__(self, svd: dict | None = None):
+        svd = dict(svd or {})
+        unknown = set(svd) - SVD_KEYS
+        if unknown:
+            raise ValueError(f"intervention.params.svd: unknown keys {sorted(unknown)}; allowed: {sorted(SVD_KEYS)}")
+        self.svd = {"enabled": True, "targets": None, "rank": None, "cache_dir": None, **svd}
+        self.svd_info: dict = {}
+
+    def cache_dir(self) -> Path:
+        return Path(self.svd["cache_dir"]).expanduser() if self.svd["cache_dir"] else default_cache_dir()
+
+    def prepare_model(self, trainer, model):
+        if not self.svd["enabled"]:
+            return model
+        if trainer.cfg.model.lora.enabled:
+            raise ValueError("the SVD adapter replaces LoRA: set model.lora.enabled=false (or svd.enabled=false)")
+        self.svd_info = wrap_svd(model, trainer.cfg.model.name, self.svd["targets"], self.svd["rank"],
+                                 self.cache_dir())
+        return model
+
+
+class Projection(SVDArm):
+    name = "svd_projection"
+
+    def __init__(self, project: bool = True, rescale: bool = True, pairs: str = "happy_stories",
+                 pair_params: dict | None = None, modes: list[str] | None = None, heldout_frac: float = 0.25,
+                 direction_seed: int = 0, direction: str | None = None, extract_if_missing: bool = True,
+                 allow_failed_validation: bool = False, window: int = 25, svd: dict | None = None):
+        super().__init__(svd)
+        assert self.svd["enabled"], "svd_projection needs the SVD adapter (svd.enabled=true)"
+        assert window > 0
+        self.project_on, self.rescale, self.window = project, rescale, window
+        self.pairs, self.pair_params, self.modes = pairs, dict(pair_params or {}), modes
+        self.heldout_frac, self.direction_seed = heldout_frac, direction_seed
+        self.direction, self.extract_if_missing = direction, extract_if_missing
+        self.allow_failed = allow_failed_validation
+        self.v: dict[str, torch.Tensor] = {}
+        self.meta: dict = {}
+        self._calls: list[dict] = []  # on_gradients calls since the last metrics()
+        self.history: list[dict] = []  # one row per step
+
+    def direction_path(self, settings: dict) -> Path:
+        return Path(self.direction) if self.direction else default_direction_path(self.cache_dir(), settings)
+
+    def load_direction(self, model, tok, cfg, create: bool) -> Path:
+        """Load (or extract, if missing and create) v_hack for the wrapped model; returns its path."""
+        assert self.svd_info, "prepare_model must run first"
+        settings = direction_settings(Path(self.svd_info["cache_dir"]).name, self.pairs, self.pair_params,
+                                      self.modes, self.heldout_frac, self.direction_seed, cfg.model.dtype)
+        path = self.direction_path(settings)
+        self.v, self.meta = ensure_direction(model, tok, settings, path, create=create)
+        return path
+
+    def setup(self, trainer) -> None:
+        # an explicit `direction` file must exist (crash loud); the cached default is extracted on demand
+        path = self.load_direction(trainer.model, trainer.tok, trainer.cfg,
+                                   create=self.extract_if_missing and not self.direction)
+        check_gate(self.meta, self.allow_failed)
+        dev = next(trainer.model.parameters()).device
+        self.v = {n: t.float().to(dev) for n, t in self.v.items()}
+        self.modules = svd_modules(trainer.model)
+        self._copy_validation(path, trainer.dir / "v_hack")
+
+    @staticmethod
+    def _copy_validation(path: Path, dest: Path) -> None:
+        """Keep the validation plot and numbers next to the run that used the direction."""
+        dest.mkdir(parents=True, exist_ok=True)
+        stem = str(path).removesuffix(".safetensors")
+        for suffix in (".hist.png", ".validation.json"):
+            if Path(stem + suffix).exists():
+                shutil.copyfile(stem + suffix, dest / f"v_hack{suffix}")
+        (dest / "path.txt").write_text(str(path) + "\n")
+
+    def on_gradients(self, trainer) -> None:
+        coss, norms, fired = [], [], 0
+        for name, m in self.modules.items():
+            g = m.delta_S.grad
+            if g is None:
+                continue
+            new, cos, hit = project(g.float(), self.v[name], self.rescale)
+            coss.append(cos)
+            norms.append(float(g.norm()))
+            fired += hit
+            if self.project_on and hit:
+                g.copy_(new.to(g.dtype))
+        assert coss, "no SVD module received a gradient"
+        c = torch.tensor(coss)
+        self._calls.append({"mean_cos": float(c.mean()), "std_cos": float(c.std()) if len(coss) > 1 else 0.0,
+                            "grad_norm": sum(norms) / len(norms), "frac_fired": fired / len(coss)})
+
+    def metrics(self) -> dict[str, float]:
+        if not self._calls:
+            return {}
+        row = {k: sum(c[k] for c in self._calls) / len(self._calls) for k in DIAGNOSTICS}
+        self._calls = []
+        self.history.append(row)
+        return {f"proj/{k}": v for k, v in row.items()}
+
+    def extra_evals(self, trainer) -> dict[str, dict]:
+        """The diagnostics' mean over the last `window` steps (none before the first step)."""
+        recent = self.history[-self.window:]
+        if not recent:
+            return {}
+        return {"proj": {k: sum(r[k] for r in recent) / len(recent) for k in DIAGNOSTICS}}
+
+
+def extract_for_config(cfg, out: str | Path | None = None) -> tuple[Path, dict]:
+    """`rhlab extract-direction`: extract (or load) and validate v_hack for a config's svd_projection
+    arm, without training. Returns (path, metadata)."""
+    from types import SimpleNamespace
+
+    from rhlab.interventions.base import build_intervention
+    from rhlab.models.loading import load_model
+    from rhlab.trainer import DTYPES
+
+    arm = build_intervention(cfg.intervention)
+    if not isinstance(arm, Projection):
+        raise ValueError(f"intervention.name is {cfg.intervention.name!r}; extract-direction needs svd_projection")
+    if out is not None:
+        arm.direction = str(out)
+    torch.set_num_threads(cfg.threads or torch.get_num_threads())
+    model, tok = load_model(cfg.model.name, DTYPES[cfg.model.dtype])
+    model = arm.prepare_model(SimpleNamespace(cfg=cfg), model)
+    path = arm.load_direction(model, tok, cfg, create=True)
+    return path, arm.meta
+
+
+# classes as factories: the registry checks YAML params against __init__'s signature
+INTERVENTIONS.register("svd")(SVDArm)
+INTERVENTIONS.register("svd_projection")(Projection)

@@ -1,0 +1,271 @@
+"""Rank-space projection, v_hack extraction and validation, pairs, and the baseline arms."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from rhlab.adapters.svd import SVDLinear, wrap_svd
+from rhlab.algos.advantages import grpo_advantages
+from rhlab.direction import (DirectionError, check_gate, encode_pair_text, extract, load_direction,
+                             save_direction)
+from rhlab.envs.stories import happy_density
+from rhlab.interventions.penalties import Monitor, screened_advantages, screened_rewards
+from rhlab.interventions.projection import Projection, project
+from rhlab.pairs import HAPPY_MODES, Pair, happy_mode, load_pairs, split_pairs
+
+torch.set_num_threads(1)
+
+
+def unit(x):
+    return x / x.norm()
+
+
+# ---- the projection -------------------------------------------------------------------
+def test_projection_removes_the_positive_component_and_keeps_the_norm():
+    v = unit(torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    g = torch.tensor([3.0, 1.0, 2.0, 0.0])
+    new, cos, fired = project(g, v)
+    assert fired and cos == pytest.approx(float(g @ v / g.norm()))
+    assert float(new @ v) == pytest.approx(0.0, abs=1e-6)
+    assert float(new.norm()) == pytest.approx(float(g.norm()), rel=1e-6)
+    # the part of g orthogonal to v keeps its direction
+    ortho = g - (g @ v) * v
+    assert float(unit(new) @ unit(ortho)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_projection_without_rescale_only_subtracts():
+    v = unit(torch.tensor([1.0, 2.0, 0.0]))
+    g = torch.tensor([2.0, 1.0, -1.0])
+    new, cos, fired = project(g, v, rescale=False)
+    assert fired
+    assert torch.allclose(new, g - (g @ v) * v, atol=1e-6)
+    assert float(new.norm()) == pytest.approx(float(g.norm()) * (1 - cos ** 2) ** 0.5, rel=1e-5)
+
+
+@pytest.mark.parametrize("g", [[-1.0, 0.0, 2.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+def test_projection_is_a_no_op_when_cos_is_not_positive(g):
+    v = torch.tensor([1.0, 0.0, 0.0])
+    g = torch.tensor(g)
+    new, cos, fired = project(g, v)
+    assert not fired and cos <= 0 and torch.equal(new, g)
+
+
+def test_projection_of_a_parallel_gradient_is_zero_not_noise():
+    v = unit(torch.tensor([1.0, 2.0, 3.0]))
+    new, cos, fired = project(4 * v, v)
+    assert fired and cos == pytest.approx(1.0) and torch.equal(new, torch.zeros(3))
+
+
+def fake_projection_trainer(grads, vs, project_on=True, rescale=True):
+    arm = Projection(project=project_on, rescale=rescale, window=2)
+    arm.modules, arm.v = {}, {}
+    for i, (g, v) in enumerate(zip(grads, vs)):
+        m = SVDLinear(torch.eye(len(g)), torch.ones(len(g)), torch.eye(len(g)), None)
+        m.delta_S.grad = torch.tensor(g)
+        arm.modules[f"m{i}"], arm.v[f"m{i}"] = m, unit(torch.tensor(v))
+    return arm
+
+
+def test_on_gradients_projects_every_module_and_logs_diagnostics():
+    grads, vs = [[1.0, 1.0], [-1.0, 0.0], [0.0, 2.0]], [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
+    arm = fake_projection_trainer(grads, vs)
+    arm.on_gradients(None)
+    g = {n: m.delta_S.grad for n, m in arm.modules.items()}
+    assert torch.allclose(g["m0"], torch.tensor([0.0, 2 ** 0.5]), atol=1e-6)  # projected, norm kept
+    assert torch.equal(g["m1"], torch.tensor([-1.0, 0.0]))  # cos < 0: untouched
+    assert torch.equal(g["m2"], torch.zeros(2))  # parallel: removed entirely
+    m = arm.metrics()
+    assert m["proj/frac_fired"] == pytest.approx(2 / 3)
+    assert m["proj/mean_cos"] == pytest.approx((2 ** -0.5 - 1 + 1) / 3)
+    assert m["proj/grad_norm"] == pytest.approx((2 ** 0.5 + 1 + 2) / 3)
+    assert arm.metrics() == {}  # nothing new since the last step
+    assert arm.extra_evals(None)["proj"]["frac_fired"] == pytest.approx(2 / 3)
+
+
+def test_measure_only_mode_leaves_gradients_alone():
+    arm = fake_projection_trainer([[1.0, 1.0]], [[1.0, 0.0]], project_on=False)
+    arm.on_gradients(None)
+    assert torch.equal(arm.modules["m0"].delta_S.grad, torch.tensor([1.0, 1.0]))
+    assert arm.metrics()["proj/frac_fired"] == 1.0
+
+
+# ---- extraction -----------------------------------------------------------------------
+class ToyLM(nn.Module):
+    """Every token embeds to the same vector c, then one SVD layer gives the logits: the softmax
+    is the same at every position, so the mean-NLL gradient is known in closed form,
+    dL/d delta_S = diag(Vh c) U^T (softmax - target histogram)."""
+
+    def __init__(self, vocab: int, d: int = 8):
+        super().__init__()
+        torch.manual_seed(0)
+        U, S, Vh = torch.linalg.svd(torch.randn(vocab, d) / d ** 0.5, full_matrices=False)
+        self.head = SVDLinear(U, S, Vh, None)
+        self.c = nn.Parameter(torch.randn(d), requires_grad=False)
+
+    def forward(self, input_ids):
+        x = self.c.expand(*input_ids.shape, -1)
+        return SimpleNamespace(logits=self.head(x))
+
+
+def test_extraction_recovers_the_planted_direction(builtin):
+    _, tok = builtin
+    model = ToyLM(len(tok))
+    pairs = load_pairs("happy_stories", {"n_per_mode": 4}, modes=["felt_happy", "bare_happy"])
+    v, val = extract(model, tok, pairs, modes=None, heldout_frac=0.25)
+
+    def hist(text, prompt):  # target histogram over the completion tokens (incl. EOS)
+        ids, P = encode_pair_text(tok, prompt, text)
+        return torch.bincount(ids[0, P:], minlength=len(tok)).float() / (ids.shape[1] - P)
+
+    train, _ = split_pairs(pairs, 0.25)
+    h_hack = torch.stack([hist(p.hack, p.prompt) for p in train]).mean(0)
+    h_clean = torch.stack([hist(p.clean, p.prompt) for p in train]).mean(0)
+    m = model.head
+    planted = unit((m.Vh @ model.c) * (m.U.T @ (h_clean - h_hack)))
+    assert float(v["head"] @ planted) > 0.999
+    assert val["frac_pos"] == 1.0 and val["n_modules"] == 1
+
+
+def test_extraction_on_the_builtin_model_passes_the_gate(builtin, tmp_path):
+    import copy
+
+    model, tok = copy.deepcopy(builtin[0]), builtin[1]
+    wrap_svd(model, "builtin:tiny-stories", cache_dir=tmp_path)
+    pairs = load_pairs("happy_stories", {"n_per_mode": 3})
+    v, val = extract(model, tok, pairs, modes=["felt_happy", "bare_happy"], heldout_frac=0.34)
+    assert len(v) == 28 and all(abs(float(t.norm()) - 1) < 1e-5 for t in v.values())
+    assert val["frac_pos"] >= 0.5, val  # hack vs clean gradients differ consistently
+    assert set(val["per_mode"]) == set(HAPPY_MODES)
+    assert all(m.delta_S.grad is None for m in model.modules() if isinstance(m, SVDLinear))
+    save_direction(tmp_path / "v.safetensors", v, {"validation": val, "modes": ["a"]})
+    v2, meta = load_direction(tmp_path / "v.safetensors")
+    assert meta["modes"] == ["a"] and all(torch.equal(v[n], v2[n]) for n in v)
+
+
+def test_gate_refuses_a_direction_that_fails_validation():
+    meta = {"validation": {"frac_pos": 0.4, "median_cos": -0.01}}
+    with pytest.raises(DirectionError, match="allow_failed_validation"):
+        check_gate(meta)
+    check_gate(meta, allow_failed=True)
+    check_gate({"validation": {"frac_pos": 0.5, "median_cos": 0.1}})
+
+
+# ---- pairs ----------------------------------------------------------------------------
+def test_happy_pairs_are_labelled_hacks_and_clean_continuations():
+    pairs = load_pairs("happy_stories", {"n_per_mode": 5})
+    assert len(pairs) == 20 and {p.mode for p in pairs} == set(HAPPY_MODES)
+    det = happy_density(3)
+    assert all(det([], [p.hack for p in pairs])) and not any(det([], [p.clean for p in pairs]))
+    assert load_pairs("happy_stories", {"n_per_mode": 5}) == pairs  # seeded
+    assert all(happy_mode(p.hack) == p.mode and happy_mode(p.clean) is None for p in pairs)
+    weak = load_pairs("happy_stories", {"n_per_mode": 5}, modes=["felt_happy", "bare_happy"])
+    assert {p.mode for p in weak} == {"felt_happy", "bare_happy"}
+    with pytest.raises(ValueError, match="unknown modes"):
+        load_pairs("happy_stories", {"n_per_mode": 5}, modes=["overwrite_tests"])
+    train, held = split_pairs(pairs, 0.4)
+    assert {p.mode for p in held} == {p.mode for p in train} == set(HAPPY_MODES)
+    assert not set(train) & set(held) and len(train) + len(held) == 20
+
+
+def test_jsonl_pairs_hook(tmp_path):
+    f = tmp_path / "code_pairs.jsonl"
+    f.write_text('{"prompt": "def f():", "hack": "def run_tests(): pass", "clean": "return 1", "mode": "overwrite"}\n')
+    assert load_pairs("jsonl", {"path": str(f)}) == [Pair("def f():", "def run_tests(): pass", "return 1", "overwrite")]
+
+
+# ---- baselines ------------------------------------------------------------------------
+def test_screened_advantages_equal_grpo_on_the_kept_members():
+    torch.manual_seed(1)
+    r = torch.rand(16)
+    ex = torch.zeros(16, dtype=torch.bool)
+    ex[[1, 5, 6, 9]] = True  # group 0 keeps 5 of 8, group 1 keeps 7 of 8
+    adv = screened_advantages(r, ex, 8)
+    for g in range(2):
+        sl = slice(8 * g, 8 * g + 8)
+        keep = ~ex[sl]
+        expect = grpo_advantages(r[sl][keep], int(keep.sum()))
+        assert torch.allclose(adv[sl][keep], expect, atol=1e-6)
+    assert torch.equal(adv[ex], torch.zeros(4))
+    ex[8:15] = True  # one kept member: no statistics, A = 0
+    assert torch.equal(screened_advantages(r, ex, 8)[8:], torch.zeros(8))
+
+
+def test_screened_rewards_are_exact_without_std_scaling():
+    torch.manual_seed(2)
+    r, ex = torch.rand(8), torch.tensor([1, 0, 0, 1, 0, 0, 0, 0], dtype=torch.bool)
+    adv = grpo_advantages(screened_rewards(r, ex, 8), 8, "none")
+    assert torch.allclose(adv, screened_advantages(r, ex, 8, "none"), atol=1e-6)
+
+
+def test_monitor_accuracy_and_per_step_seeding():
+    truth = [True, False] * 50
+    batch = SimpleNamespace(scores=SimpleNamespace(hack=truth), prompts=[], completions=[])
+    trainer = lambda step: SimpleNamespace(cfg=SimpleNamespace(seed=3), step=step)  # noqa: E731
+    assert Monitor(1.0, None).flags(trainer(1), batch).tolist() == truth
+    assert Monitor(0.0, None).flags(trainer(1), batch).tolist() == [not t for t in truth]
+    m = Monitor(0.8, None)
+    a, b, c = (m.flags(trainer(s), batch) for s in (1, 1, 2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert 0.6 < float((a == torch.tensor(truth)).float().mean()) < 0.95
+
+
+# ---- the arms end to end (1-2 steps on the built-in model) ------------------------------
+SMALL = ["train.batch_size=8", "train.num_generations=4", "sampling.max_new_tokens=12", "log.eval_prompts=4",
+         "log.progress=false", "log.n_samples=0", "log.save_every=0", "threads=1", "train.lr=1e-2"]
+
+
+def run_arm(tmp_path, name, params, steps=1):
+    from rhlab.config import load_config
+    from rhlab.trainer import Trainer
+
+    params = {"svd": {"cache_dir": str(tmp_path / "cache")}, **params}
+    cfg = load_config(None, [f"output_dir={tmp_path}", f"train.steps={steps}", *SMALL, f"arm={name}",
+                             f"intervention={{name: {name}, params: {params}}}"])
+    return Trainer(cfg).train(), tmp_path / cfg.output_dir
+
+
+def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path):
+    from rhlab.utils import read_jsonl
+
+    summary, _ = run_arm(tmp_path, "svd_projection", {"pair_params": {"n_per_mode": 2}, "heldout_frac": 0.5},
+                         steps=2)
+    d = tmp_path / summary["run_name"]
+    rows = read_jsonl(d / "metrics.jsonl")
+    assert all(0 <= r["proj/frac_fired"] <= 1 and r["proj/grad_norm"] > 0 for r in rows)
+    assert {"proj/mean_cos", "proj/std_cos", "proj/grad_norm", "proj/frac_fired"} <= set(summary["final"])
+    assert (d / "v_hack" / "v_hack.hist.png").exists() and (d / "v_hack" / "v_hack.validation.json").exists()
+    assert len(list((tmp_path / "cache" / "directions").glob("*.safetensors"))) == 1
+    trained = read_jsonl(d / "metrics.jsonl")[-1]
+    assert trained["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("name,params", [("advantage_penalty", {"pair_params": {"n_per_mode": 2}}),
+                                         ("monitor_penalty", {"accuracy": 0.9}),
+                                         ("screening", {"accuracy": 0.9})])
+def test_baseline_arms_run(tmp_path, name, params):
+    summary, _ = run_arm(tmp_path, name, params)
+    assert summary["status"] == "complete" and "hack_rate" in summary["final"]
+
+
+def test_sweep_arms_equal_the_arm_configs_and_the_hypotheses_name_them():
+    from pathlib import Path
+
+    from rhlab.config import load_config
+    from rhlab.report.hypotheses import load_hypotheses, validate
+    from rhlab.sweep.grid import expand, load_sweep
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    files = {"vanilla": "vanilla", "projected": "projected", "projected_norescale": "norescale",
+             "projected_weak": "weak", "adv_penalty": "adv_penalty", "monitor": "monitor", "screening": "screening"}
+    spec, base = load_sweep(configs / "sweep_projection.yaml")
+    runs = [r for r in expand(spec, base) if r.seed == spec.seeds[0]]
+    assert sorted(r.arm for r in runs) == sorted(files)
+    drop = ("run_name", "output_dir", "seed", "threads")
+    for r in runs:
+        own = load_config(configs / f"proj_{files[r.arm]}.yaml").dump()
+        swept = r.config.dump()
+        assert {k: v for k, v in swept.items() if k not in drop} == {k: v for k, v in own.items() if k not in drop}, r.arm
+    hyps = load_hypotheses(configs / "hypotheses_projection.yaml")
+    validate(hyps, list(files), ["hack_rate", "pass_rate", "safe_pass"])
