@@ -114,10 +114,10 @@ def extract(model, tok, pairs: list[Pair], modes: list[str] | None, heldout_frac
     modes (the gate) and, per mode, on the held-out pairs of every mode (transfer)."""
     train, held = split_pairs(pairs, heldout_frac, seed)
     use = set(modes) if modes is not None else {p.mode for p in pairs}
-    idx = lambda ps, keep: [i for i, p in enumerate(ps) if p.mode in keep]  # noqa: E731
+    idx = lambda ps, keep: [i for i, p in enumerate(ps) if p.mode in keep]
     tr_h, tr_c = pair_grads(model, tok, train)
     he_h, he_c = pair_grads(model, tok, held)
-    sub = lambda g, ix: {n: t[ix] for n, t in g.items()}  # noqa: E731
+    sub = lambda g, ix: {n: t[ix] for n, t in g.items()}
     tr_ix = idx(train, use)
     assert tr_ix, f"no training pairs for modes {sorted(use)}"
     v = mean_diff_directions(sub(tr_h, tr_ix), sub(tr_c, tr_ix))
@@ -149,7 +149,7 @@ def load_direction(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
         raise DirectionError(f"v_hack file not found: {path}; create it with `rhlab extract-direction CONFIG`")
     with safe_open(str(path), "pt") as f:
         meta = {k: json.loads(x) for k, x in (f.metadata() or {}).items()}
-        v = {n: f.get_tensor(n) for n in f.keys()}
+        v = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118  (safe_open is not iterable)
     return v, meta
 
 

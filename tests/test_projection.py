@@ -8,8 +8,14 @@ from torch import nn
 
 from rhlab.adapters.svd import SVDLinear, wrap_svd
 from rhlab.algos.advantages import grpo_advantages
-from rhlab.direction import (DirectionError, check_gate, encode_pair_text, extract, load_direction,
-                             save_direction)
+from rhlab.direction import (
+    DirectionError,
+    check_gate,
+    encode_pair_text,
+    extract,
+    load_direction,
+    save_direction,
+)
 from rhlab.envs.stories import happy_density
 from rhlab.interventions.penalties import Monitor, screened_advantages, screened_rewards
 from rhlab.interventions.projection import Projection, project
@@ -202,7 +208,7 @@ def test_screened_rewards_are_exact_without_std_scaling():
 def test_monitor_accuracy_and_per_step_seeding():
     truth = [True, False] * 50
     batch = SimpleNamespace(scores=SimpleNamespace(hack=truth), prompts=[], completions=[])
-    trainer = lambda step: SimpleNamespace(cfg=SimpleNamespace(seed=3), step=step)  # noqa: E731
+    trainer = lambda step: SimpleNamespace(cfg=SimpleNamespace(seed=3), step=step)
     assert Monitor(1.0, None).flags(trainer(1), batch).tolist() == truth
     assert Monitor(0.0, None).flags(trainer(1), batch).tolist() == [not t for t in truth]
     m = Monitor(0.8, None)

@@ -9,12 +9,11 @@ advantage_penalty  Rebound-style (Wu & Tang 2026, section 3.2): per completion
                    c = the midpoint of the two pair means.
 monitor_penalty    r <- r - penalty when a detector of the given accuracy flags the completion
                    (the env's hack flag, flipped with probability 1 - accuracy; seeded per step).
-screening          flagged completions leave their group's statistics and get A = 0. Exact with
-                   the trainer change that honours batch.extra["exclude"] (see
-                   screened_advantages); without it, on_scored sets an excluded reward to the mean
-                   of its group's kept rewards: exact for scale_rewards=none, while under "group"
-                   scaling the kept advantages are divided by the std over all G members instead
-                   of the kept k (a factor sqrt((G-1)/(k-1)) too large).
+screening          flagged completions leave their group's statistics and get A = 0: on_scored
+                   sets batch.extra["exclude"], which Trainer.advantages honours exactly
+                   (screened_advantages). Fallback for a loop that ignores the mask: excluded
+                   rewards are set to their group's kept mean (exact for scale_rewards=none; under
+                   group scaling the kept advantages would be sqrt((G-1)/(k-1)) too large).
 """
 
 from __future__ import annotations
@@ -24,7 +23,12 @@ import random
 import torch
 
 from rhlab.algos.advantages import EPS, screened_advantages  # noqa: F401  (re-exported for tests)
-from rhlab.direction import hidden_layer, masked_hidden_mean, pair_activation_means, unit
+from rhlab.direction import (
+    hidden_layer,
+    masked_hidden_mean,
+    pair_activation_means,
+    unit,
+)
 from rhlab.interventions.base import INTERVENTIONS
 from rhlab.interventions.projection import SVDArm
 from rhlab.pairs import load_pairs

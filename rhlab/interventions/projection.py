@@ -20,7 +20,12 @@ from pathlib import Path
 import torch
 
 from rhlab.adapters.svd import default_cache_dir, svd_modules, wrap_svd
-from rhlab.direction import check_gate, default_direction_path, direction_settings, ensure_direction
+from rhlab.direction import (
+    check_gate,
+    default_direction_path,
+    direction_settings,
+    ensure_direction,
+)
 from rhlab.interventions.base import INTERVENTIONS, Intervention
 
 SVD_KEYS = {"enabled", "targets", "rank", "cache_dir"}
@@ -165,9 +170,9 @@ def extract_for_config(cfg, out: str | Path | None = None) -> tuple[Path, dict]:
     from rhlab.models.loading import load_model
     from rhlab.trainer import DTYPES
 
-    arm = build_intervention(cfg.intervention)
-    if not isinstance(arm, Projection):
+    if cfg.intervention.name != "svd_projection":
         raise ValueError(f"intervention.name is {cfg.intervention.name!r}; extract-direction needs svd_projection")
+    arm = build_intervention(cfg.intervention)
     if out is not None:
         arm.direction = str(out)
     torch.set_num_threads(cfg.threads or torch.get_num_threads())

@@ -18,7 +18,13 @@ from pathlib import Path
 
 from rhlab.pairs import HAPPY_MODES, happy_mode
 from rhlab.report.runs import Run, load_runs
-from rhlab.report.tables import arm_names, delta_safepass, fmt_stat, mean_sem, run_values
+from rhlab.report.tables import (
+    arm_names,
+    delta_safepass,
+    fmt_stat,
+    mean_sem,
+    run_values,
+)
 
 COLUMNS = [("hack_rate", "hack %", 100), ("pass_rate", "pass %", 100), ("kl", "KL", 1),
            ("proj/mean_cos", "mean cos", 1), ("proj/frac_fired", "frac fired", 1), ("proj/grad_norm", "‖g‖", 1)]
