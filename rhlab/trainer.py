@@ -59,8 +59,9 @@ def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool
     logp = logp_all.gather(-1, r.completion_ids[..., None]).squeeze(-1)
     if not with_entropy:
         return logp, None
-    with torch.no_grad():
-        ent = -(logp_all.exp() * logp_all).sum(-1)
+    with torch.no_grad():  # masked (-inf) vocabulary rows have p = 0: count them as 0, not 0 * -inf = nan
+        p = logp_all.exp()
+        ent = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)
     return logp, ent
 
 

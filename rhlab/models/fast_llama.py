@@ -27,7 +27,8 @@ def supports(model) -> bool:
     cfg = getattr(core, "config", None)
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     return (getattr(cfg, "model_type", None) == "llama" and rope.get("rope_type", "default") in STATIC_ROPE
-            and not getattr(cfg, "attention_bias", False) and hasattr(core, "model") and hasattr(core, "lm_head"))
+            and not getattr(cfg, "attention_bias", False) and hasattr(core, "model")
+            and isinstance(getattr(core, "lm_head", None), torch.nn.Linear))  # a wrapped head (SVD arm) -> hf
 
 
 def _head(core, vocab_limit: int | None):
