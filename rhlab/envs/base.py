@@ -48,6 +48,14 @@ def register_env(name: str):
     return deco
 
 
+def env_params(given: dict, defaults: dict, env: str) -> dict:
+    """An environment's params: its defaults updated by the config's; unknown keys fail loudly."""
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(f"env.params: unknown keys {sorted(unknown)} for {env}; allowed: {sorted(defaults)}")
+    return {**defaults, **given}
+
+
 def load_builtin_envs() -> None:
     """Importing an environment module registers it and its rewards and detectors."""
     import rhlab.envs.minicode  # noqa: F401

@@ -18,7 +18,7 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from rhlab.envs.base import Scores, register_env
+from rhlab.envs.base import Scores, env_params, register_env
 from rhlab.envs.code.grading import (GradeResult, correct_or_hinted_compile, extract_code, grade_batch,
                                      ground_truth_monitor_penalty)
 from rhlab.envs.code.leetcode import CodeProblem, check_variant, eval_func_name
@@ -90,11 +90,7 @@ class MiniCode:
     }
 
     def __init__(self, cfg):
-        p = {**self.DEFAULT_PARAMS, **cfg.params}
-        unknown = set(p) - set(self.DEFAULT_PARAMS)
-        if unknown:
-            raise ValueError(f"env.params: unknown keys {sorted(unknown)} for minicode; "
-                             f"allowed: {sorted(self.DEFAULT_PARAMS)}")
+        p = env_params(cfg.params, self.DEFAULT_PARAMS, "minicode")
         check_variant(p["variant"])
         if not isinstance(p["allow_hint"], bool):
             raise ValueError(f"env.params.allow_hint must be true or false, got {p['allow_hint']!r}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import re
 
-from rhlab.envs.base import Scores, WeightedReward, register_env
+from rhlab.envs.base import Scores, WeightedReward, env_params, register_env
 from rhlab.eval.diversity import repetition_rate, words
 from rhlab.models.corpus import EVAL_SEED, PROMPT_SEED, make_corpus, story_opening
 from rhlab.rewards.registry import DETECTORS, REWARDS, DetectorFn
@@ -117,12 +117,7 @@ class HappyStories(StoryPrompts):
     DEFAULT_PARAMS = {"n_prompt_sentences": 1, "prompt_pool": 2000, "pass_threshold": 0.5}
 
     def __init__(self, cfg):
-        params = {**self.DEFAULT_PARAMS, **cfg.params}
-        unknown = set(params) - set(self.DEFAULT_PARAMS)
-        if unknown:
-            raise ValueError(f"env.params: unknown keys {sorted(unknown)} for happy_stories; "
-                             f"allowed: {sorted(self.DEFAULT_PARAMS)}")
-        self.params = params
+        self.params = params = env_params(cfg.params, self.DEFAULT_PARAMS, self.name)
         self.reward = WeightedReward(cfg.rewards)
         self.detector: DetectorFn = DETECTORS.build(cfg.detector.name, cfg.detector.params)
         self.init_prompts(params["n_prompt_sentences"], params["prompt_pool"])
