@@ -72,8 +72,23 @@ def _run(cfg, show_samples: int = 3) -> dict:
             for s in samples[:show_samples]:
                 console.print(f"[dim]{s['prompt']}[/] {s['completion']}  [cyan](reward {s['reward']:.2f}, "
                               f"task {s['task_score']:.2f}, hack {s['hack']})[/]", highlight=False)
+    if cfg.log.suite:
+        _suite_after_training(trainer.dir, cfg.log.suite)
     console.print(f"\nmetrics: {trainer.dir / 'metrics.jsonl'}\nplot:    {trainer.dir / 'plots' / 'training.png'}")
     return summary
+
+
+def _suite_after_training(run_dir: Path, suite_path: str) -> None:
+    """log.suite: the gated evaluation suite, initial policy vs the final checkpoint (saved in eval/)."""
+    from rhlab.eval.suites import format_gate_table, run_suite_for_run, suite_passed
+
+    try:
+        results = run_suite_for_run(run_dir, suite_path)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(f"log.suite: {e}")
+    console.rule(f"evaluation suite {suite_path}")
+    console.print(format_gate_table(results), highlight=False)
+    console.print("promotion gates: " + ("[green]passed[/]" if suite_passed(results) else "[red]FAILED[/]"))
 
 
 @app.command()
@@ -263,8 +278,11 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
           dry_run: bool = typer.Option(False, help="list the runs and exit"),
           backend: str = typer.Option("local", help="local | ray"),
           workers: Optional[int] = typer.Option(None, help="parallel local runs (default: the file's, else one per core)"),
-          address: Optional[str] = typer.Option(None, help="Ray cluster address (default: start a local Ray)")):
-    """Run arms x hyperparameters x seeds; complete runs are skipped, partial ones resumed."""
+          address: Optional[str] = typer.Option(None, help="Ray cluster address (default: start a local Ray)"),
+          report_out: Optional[Path] = typer.Option(None, "--report", help="build the report here when done "
+                                                    "(default: the sweep file's report.out, if any)"),
+          no_report: bool = typer.Option(False, "--no-report", help="skip the sweep file's report section")):
+    """Run arms x hyperparameters x seeds; complete runs are skipped, partial ones resumed; then report."""
     from rhlab.config import ConfigError
     from rhlab.sweep.grid import default_workers, expand, load_sweep
     from rhlab.sweep.runner import run_local, run_ray
@@ -301,7 +319,40 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
     n_failed = sum(r.status == "failed" for r in results)
     if n_failed:
         console.print(f"[red]{n_failed} of {len(results)} runs failed[/] (logs under {sp.output_dir}/_logs)")
+    spec_report = sp.report if not no_report else None
+    if report_out is not None or spec_report is not None:
+        _sweep_report(sp, report_out)
+    if n_failed:
         raise typer.Exit(1)
+
+
+def _sweep_report(sp, out: Optional[Path]) -> None:
+    """The sweep's report: `rhlab report` on its output_dir, plus the extra tables the file asks for."""
+    from rhlab.report import ReportError, build_report
+    from rhlab.sweep.grid import ReportSpec
+
+    rs = sp.report or ReportSpec(out=str(out))
+    out = out or Path(rs.out)
+    try:
+        res = build_report([sp.output_dir], out, reference_arm=rs.reference, hypotheses_path=rs.hypotheses)
+    except ReportError as e:
+        _fail(str(e))
+    console.print(res["table_text"], highlight=False)
+    for h in res.get("hypotheses") or []:
+        console.print(f"hypothesis {h['name']}: [bold]{h['verdict']}[/]", highlight=False)
+    for name in rs.tables:
+        if name == "projection":
+            from rhlab.interventions.projection_headline import headline
+            text = headline([sp.output_dir], rs.reference or "vanilla")
+        else:
+            from rhlab.report.runs import load_runs
+            from rhlab.rm.overopt import arm_overopt_table, overopt_report
+            dirs = [r.path for r in load_runs([sp.output_dir]) if r.complete]
+            overopt_report(dirs, out / "overopt")
+            text = arm_overopt_table(dirs) + f"\n(fits and plot: {out / 'overopt'})"
+        (out / f"{name}_table.md").write_text(text + "\n")
+        console.print(f"\n[bold]{name}[/]\n{text}", highlight=False)
+    console.print(f"report: {out / 'report.html'} (Pareto: {out / 'pareto.png'})", highlight=False)
 
 
 @app.command("extract-direction")

@@ -70,7 +70,7 @@ class TrainConfig(Section):
     baseline_momentum: float = Field(0.9, ge=0, lt=1)  # reinforce's moving-average baseline
     steps: int = Field(200, gt=0)
     batch_size: int = Field(32, gt=0)  # completions per generation batch
-    num_generations: int = Field(16, ge=2)  # completions per prompt (a group)
+    num_generations: int = Field(16, ge=1)  # completions per prompt (a group); 1 only for reinforce
     gradient_accumulation_steps: int = Field(1, gt=0)
     num_iterations: int = Field(1, gt=0)  # optimizer steps per generation batch
     lr: float = Field(1e-4, gt=0)
@@ -89,6 +89,9 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _check(self):
+        if self.num_generations < 2 and self.algo != "reinforce":
+            raise ValueError(f"train.num_generations={self.num_generations}: {self.algo} needs groups of at least 2 "
+                             "(only train.algo=reinforce, with its moving-average baseline, allows 1)")
         if self.batch_size % self.num_generations:
             raise ValueError(f"train.num_generations={self.num_generations} must divide "
                              f"train.batch_size={self.batch_size}")
@@ -114,6 +117,7 @@ class LogConfig(Section):
     progress: bool = True
     log_kl: bool = True  # compute KL to the reference for logging even when beta = 0
     report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)  # + metrics.jsonl
+    suite: Optional[str] = None  # evaluation-suite YAML run after training (rhlab/eval/suites.py); gate table printed
 
 
 class RunConfig(Section):

@@ -230,7 +230,8 @@ class Trainer:
             **kl_stats,
             **{f"reward/{k}": sum(v) / len(v) for k, v in scores.parts.items()},
             **_score_means(scores),
-            "frac_zero_std_groups": float((grouped.std(1) < 1e-8).float().mean()),
+            **({"frac_zero_std_groups": float((grouped.std(1) < 1e-8).float().mean())}
+               if t.num_generations > 1 else {}),
             "completion_len": float(r.completion_mask.sum(1).float().mean()),
             "truncated_frac": float(r.truncated.float().mean()),
             **stats,

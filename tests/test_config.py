@@ -12,6 +12,7 @@ from rhlab.config import ConfigError, load_config, run_name
     ("train.num_generations=5", "train.num_generations=5 must divide train.batch_size=32"),
     ("env.rewards=[{name: happy_count, wt: 1}]", "env.rewards.0.wt: unknown key; allowed: name, params, weight"),
     ("bogus=1", "bogus: unknown key; allowed: arm, env, intervention, log, model"),
+    ("train.num_generations=1", "grpo needs groups of at least 2"),
     ("train.scale_rewards=groups", "'group', 'batch' or 'none'"),
 ])
 def test_bad_overrides(override, message):

@@ -165,3 +165,22 @@ def test_two_training_steps_on_builtin_code_model(tmp_path):
         assert key in rows[0], key
     assert rows[0]["reward/can_compile"] > 0.5  # the pretrained model writes fenced, compiling code
     assert summary["status"] == "complete"
+
+
+def test_mini_code_pairs_are_labelled_by_the_real_grader():
+    """The pair set's hacks are what the grader calls a hack, its clean side is correct."""
+    from rhlab.envs.minicode import to_code_problem
+    from rhlab.models.code_corpus import make_prompt_text
+    from rhlab.pairs import MINICODE_MODES, load_pairs, mini_code_pairs
+
+    pairs = mini_code_pairs(n_per_mode=3, seed=5)
+    assert [p.mode for p in pairs[:4]] == list(MINICODE_MODES) and len(pairs) == 12
+    assert pairs == mini_code_pairs(n_per_mode=3, seed=5)  # seeded
+    assert len(load_pairs("mini_code", {"n_per_mode": 3}, ["stub_only"])) == 3
+    by_prompt = {make_prompt_text(t, "loophole"): to_code_problem(t, i) for i, t in enumerate(all_tasks())}
+    items = [(by_prompt[p.prompt], text) for p in pairs for text in (p.hack, p.clean)]
+    res = grade_batch(items, "loophole", workers=2)
+    for p, hack, clean in zip(pairs, res[::2], res[1::2]):
+        assert clean.label == "Correct", (p.mode, clean.label, p.clean)
+        want = "Correct; Attempted Reward Hack" if p.mode == "correct_plus_stub" else "Reward Hack"
+        assert hack.label == want, (p.mode, hack.label, p.hack)

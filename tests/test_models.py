@@ -130,3 +130,63 @@ def test_restricted_head_equals_full_logits(builtin):
     part = policy_logits(model, ids, attn, pos, P, vocab_limit=len(tok))
     assert part.shape[-1] == len(tok) < full.shape[-1]
     torch.testing.assert_close(part, full[..., :len(tok)], atol=1e-5, rtol=1e-5)
+
+
+def test_effective_linear_equals_each_adapter_forward(builtin, tmp_path):
+    """The fast runner merges adapters by probing them: W.T = m(I) - m(0), b = m(0). Check it against
+    each adapter's own forward on random inputs (peft LoRA, dual LoRA with an ablated side, SVD)."""
+    import copy
+
+    from rhlab.adapters.dual_lora import DualLoRALinear
+    from rhlab.adapters.svd import svd_modules, wrap_svd
+    from rhlab.config import LoraSpec
+    from rhlab.models.checkpoint import add_lora
+    from rhlab.models.fast_llama import effective_linear
+
+    model, _ = builtin
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 48)
+    dual = DualLoRALinear(copy.deepcopy(lin), 4, 8, 2, 4)
+    for p in (dual.retain_B, dual.forget_B):
+        torch.nn.init.normal_(p, 0, 0.1)
+    peft_model = add_lora(copy.deepcopy(model), LoraSpec(enabled=True, r=4)).eval()
+    lora_q = peft_model.get_base_model().model.layers[1].self_attn.q_proj
+    torch.nn.init.normal_(lora_q.lora_B["default"].weight, 0, 0.1)
+    svd_model = copy.deepcopy(model)
+    wrap_svd(svd_model, "builtin:tiny-stories", targets=["down_proj", "lm_head"], rank=16, cache_dir=tmp_path)
+    svd = svd_modules(svd_model)
+    for m in svd.values():
+        torch.nn.init.normal_(m.delta_S, 0, 0.3)
+    modules = [lin, dual, lora_q] + list(svd.values())[:2] + [svd["lm_head"]]
+    x = torch.randn(5, 3, 512)
+    with torch.no_grad():
+        for m in modules:
+            W, b = effective_linear(m)
+            xi = x[..., :W.shape[1]]
+            torch.testing.assert_close(torch.nn.functional.linear(xi, W, b), m(xi), atol=2e-5, rtol=1e-4)
+        dual.forget_scale = 0.0  # the routing arm's retain_only evaluation
+        W, b = effective_linear(dual)
+        torch.testing.assert_close(torch.nn.functional.linear(x[..., :128], W, b), dual(x[..., :128]))
+    assert effective_linear(lin)[0] is lin.weight  # a plain layer: its own tensor, nothing computed
+
+
+def test_fast_backend_runs_svd_wrapped_head(builtin, tmp_path):
+    """With every linear (output layer included) an SVD adapter, the fast runner still samples what
+    transformers' forward samples."""
+    import copy
+
+    from rhlab.adapters.svd import svd_modules, wrap_svd
+    from rhlab.models.sampler import pick_backend
+
+    model, tok = builtin
+    model = copy.deepcopy(model)
+    wrap_svd(model, "builtin:tiny-stories", targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj", "lm_head"], cache_dir=tmp_path)
+    torch.manual_seed(1)
+    for m in svd_modules(model).values():
+        torch.nn.init.normal_(m.delta_S, 0, 0.05)
+    assert pick_backend(model, "auto") == "fast"
+    a = _gen(model, tok, PROMPTS * 4, seed=3, max_new_tokens=32, backend="hf")
+    b = _gen(model, tok, PROMPTS * 4, seed=3, max_new_tokens=32, backend="fast")
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=1e-4)

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from rhlab.config import load_config
+from rhlab.config import load_config, run_name
 from rhlab.envs.base import build_env
 from rhlab.envs.rewrite import (PROFILES, TEMPLATES, extract_facts, fact_present, labelled_examples, make_prompt,
                                 profile_of, rule_checks, style_scorer)
@@ -169,25 +169,31 @@ def test_measure_group_rewards_with_a_fake_policy(env):
 
 @pytest.mark.slow
 def test_short_training_run_then_suite_and_trajectory(tmp_path):
+    """`rhlab train` with log.suite: trains, prints the trajectory and the gate table, saves the suite."""
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
     from rhlab.eval.suites import format_gate_table, run_suite_for_run
     from rhlab.eval.trajectory import trajectory_summary
-    from rhlab.trainer import Trainer
 
-    cfg = load_config(CONFIG, ["train.steps=2", "train.batch_size=8", "train.num_generations=4",
-                               "sampling.max_new_tokens=24", "log.eval_prompts=4", "log.progress=false",
-                               "threads=1", f"output_dir={tmp_path}"])
-    summary = Trainer(cfg).train()
-    assert summary["status"] == "complete"
-    run_dir = tmp_path / summary["run_name"]
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("name: tiny\nsets:\n  - {name: E1, n_prompts: 4, seed: 1, gate: 'delta > -10'}\n"
+                     "  - {name: E2, params: {profiles: [name]}, n_prompts: 2, seed: 2, gate: 'post > 5'}\n")
+    over = ["train.steps=2", "train.batch_size=8", "train.num_generations=4", "sampling.max_new_tokens=24",
+            "log.eval_prompts=4", "log.progress=false", "threads=1", f"output_dir={tmp_path}", f"log.suite={suite}"]
+    res = CliRunner().invoke(app, ["train", str(CONFIG), *over])
+    assert res.exit_code == 0, res.output
+    out = res.output.replace("\n", " ")
+    assert "EMA" in out and "| E2 |" in out and "1/2 gates passed" in out and "promotion gates: FAILED" in out
+    cfg = load_config(CONFIG, over)
+    run_dir = tmp_path / run_name(cfg)
+    assert (run_dir / "eval" / "suite_tiny.json").exists()
     rows = read_jsonl(run_dir / "metrics.jsonl")
     for key in ["reward/style", "reward/rules", "reward/risk_penalty", "reward/risk_penalty_shaped",
                 "reward/penalty_rate", "reward/strict", "reward/risk_compliance", "hack_rate"]:
         assert key in rows[0], key
     traj = trajectory_summary(rows)
     assert set(traj) == {"reward_mean", "reward_std", "grad_norm", "entropy", "reward/penalty_rate"}
-    suite = tmp_path / "suite.yaml"
-    suite.write_text("name: tiny\nsets:\n  - {name: E1, n_prompts: 4, seed: 1, gate: 'delta > -10'}\n"
-                     "  - {name: E2, params: {profiles: [name]}, n_prompts: 2, seed: 2, gate: 'post > 5'}\n")
     results = run_suite_for_run(run_dir, suite)
     assert [r.passed for r in results] == [True, False]
     assert results[0].rows == 4 and results[0].delta == pytest.approx(results[0].post - results[0].baseline)

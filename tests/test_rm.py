@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from rhlab.config import ConfigError
 from rhlab.rm.model import RewardModel
@@ -175,3 +176,27 @@ def test_overopt_report_from_run_directories(tmp_path):
     (tmp_path / "bad" / "metrics.jsonl").write_text('{"step": 1, "kl": 0.1}\n')
     with pytest.raises(ValueError, match="reward/gold"):
         overopt_report([tmp_path / "bad"], tmp_path / "out2")
+
+
+def test_arm_overopt_table_by_hand(tmp_path):
+    """Per-arm start / peak / end of the gold, mean ± SEM over seeds, computed by hand."""
+    from rhlab.rm.overopt import arm_overopt_table, run_curve_stats
+
+    gold = [0.0, 1.0, 2.0, 3.0, 2.0, 1.0, 0.0, -1.0]  # rolling-3 means: 1, 2, 7/3, 2, 1, 0
+    for arm, seed, shift in [("grpo", 1, 0.0), ("grpo", 2, 0.2), ("rloo", 1, -1.0)]:
+        d = tmp_path / f"{arm}_s{seed}"
+        d.mkdir()
+        (d / "config.yaml").write_text(yaml.safe_dump({"arm": arm, "seed": seed}))
+        (d / "summary.json").write_text(json.dumps({"status": "complete", "steps": len(gold)}))
+        rows = [{"step": i + 1, "kl": 0.01 * i, "completion_len": 25.0, "reward/gold": g + shift,
+                 "reward/proxy": 0.5 * i, "hack_rate": 0.1 * i, "distinct_2": 0.5} for i, g in enumerate(gold)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = run_curve_stats(tmp_path / "grpo_s1", window=3)
+    assert s["gold start"] == pytest.approx(1.0) and s["gold peak"] == pytest.approx(7 / 3)
+    assert s["peak step"] == 5 and s["gold end"] == pytest.approx(0.0)  # window ends at step 5 (values 2, 3, 2)
+    assert s["peak − end"] == pytest.approx(7 / 3) and s["proxy end"] == pytest.approx(0.5 * 6)
+    assert s["d end"] == pytest.approx(np.mean([math.sqrt(0.01 * i * 25) for i in (5, 6, 7)]))
+    table = arm_overopt_table([tmp_path], window=3)
+    grpo = next(line for line in table.splitlines() if line.startswith("| grpo"))
+    assert "| grpo | 2 | " in grpo and "| 2.433 ± 0.100 |" in grpo  # peak: (7/3 + 7/3 + 0.2) / 2, SEM 0.1
+    assert "| rloo | 1 |" in table and "1.333 ± —" in table  # one seed: no SEM

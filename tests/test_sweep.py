@@ -68,3 +68,23 @@ def test_ray_backend_reports_a_crash_and_finishes_the_rest(tmp_path):
     status = {r.arm: r.status for r in results}
     assert status == {"vanilla": "complete", "broken": "failed"}
     assert (tmp_path / "runs" / next(r.name for r in results if r.arm == "vanilla") / "summary.json").exists()
+
+
+def test_one_command_runs_the_sweep_then_reports(tmp_path):
+    """`rhlab sweep FILE` with a report section: runs, then prints the arm table and writes the report."""
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
+
+    out = tmp_path / "report"
+    with pytest.raises(ConfigError, match="report.reference 'nope' is not an arm; allowed: kl, vanilla"):
+        _sweep(tmp_path, report={"out": str(out), "reference": "nope"})
+    with pytest.raises(ConfigError, match="report.hypotheses not found"):
+        _sweep(tmp_path, report={"out": str(out), "hypotheses": "missing.yaml"})
+    _sweep(tmp_path, seeds=[1], report={"out": str(out), "reference": "vanilla"})
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--workers", "2"])
+    assert res.exit_code == 0, res.output
+    assert "kl" in res.output and "vanilla" in res.output and "hack_rate" in res.output.replace("\n", "")
+    assert (out / "report.html").exists() and (out / "pareto.png").exists()
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--no-report"])
+    assert res.exit_code == 0 and "skipped" in res.output and "report:" not in res.output

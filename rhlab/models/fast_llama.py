@@ -2,16 +2,20 @@
 
 Why not `model(...)` with a DynamicCache: at 1.25M parameters a decode step is a few dozen
 tiny matmuls, and transformers' per-call overhead (mask building, cache objects, output
-classes) costs more than the arithmetic. This runner calls the model's own submodules
-(projections, norms, MLP), so LoRA / dual / SVD adapters wrapped around the linear layers
-work unchanged, and does the rest (RoPE, cache writes, attention) with a handful of tensor
-ops on preallocated buffers. Outputs match the transformers forward (tested).
+classes) costs more than the arithmetic. At construction the runner reads each linear layer's
+*effective* weight — a plain nn.Linear's own weight, or, for any adapter wrapped around one
+(peft LoRA, dual retain/forget LoRA, the SVD adapter), the weight its forward computes, merged
+once per generation call — and fuses q/k/v and gate/up into one matmul each. Decoding then runs
+plain tensor ops on those weights: no per-module Python, no adapter overhead per token. Prompts
+repeated for a group are prefilled once each and their KV cache copied. Outputs match the
+transformers forward (tested).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def _core(model):
@@ -27,8 +31,36 @@ def supports(model) -> bool:
     cfg = getattr(core, "config", None)
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     return (getattr(cfg, "model_type", None) == "llama" and rope.get("rope_type", "default") in STATIC_ROPE
-            and not getattr(cfg, "attention_bias", False) and hasattr(core, "model")
-            and isinstance(getattr(core, "lm_head", None), torch.nn.Linear))  # a wrapped head (SVD arm) -> hf
+            and not getattr(cfg, "attention_bias", False) and not getattr(cfg, "mlp_bias", False)
+            and getattr(cfg, "hidden_act", "silu") == "silu" and hasattr(core, "model")
+            and _in_features(getattr(core, "lm_head", None)) is not None)
+
+
+def _in_features(m) -> int | None:
+    """Input width of a linear layer or of an adapter wrapped around one (None: not linear-like)."""
+    for obj in (m, getattr(m, "base_layer", None), getattr(m, "base", None)):
+        if isinstance(getattr(obj, "in_features", None), int):
+            return obj.in_features
+    return None
+
+
+@torch.no_grad()
+def effective_linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W, b) with m(x) == x @ W.T + b for a linear layer or any adapter around one.
+
+    A plain nn.Linear gives its own tensors. Anything else must be affine in x (LoRA, dual LoRA,
+    SVD adapter, in eval mode): its weight is read off by probing it with the identity and zero,
+    W.T = m(I) - m(0), b = m(0) — exact up to float rounding, and one small matmul per layer."""
+    if type(m) is nn.Linear:
+        return m.weight, m.bias
+    assert not any(x.training and isinstance(x, nn.Dropout) and x.p > 0 for x in m.modules()), \
+        f"{type(m).__name__}: active dropout; put the model in eval mode before sampling"
+    d_in = _in_features(m)
+    assert d_in is not None, f"{type(m).__name__}: not a linear layer or an adapter around one"
+    p = next(m.parameters())
+    zero = m(torch.zeros(1, d_in, dtype=p.dtype, device=p.device))[0]
+    W = (m(torch.eye(d_in, dtype=p.dtype, device=p.device)) - zero).T.contiguous()
+    return W, (zero if bool(zero.any()) else None)
 
 
 def _head(core, vocab_limit: int | None):
@@ -58,17 +90,42 @@ def policy_logits(model, ids, attn, pos, prompt_len: int, vocab_limit: int | Non
     return logits
 
 
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: normalise in float32, scale in the model's dtype."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _cat(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ws, bs = zip(*parts)
+    bias = None if all(b is None for b in bs) else torch.cat(
+        [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(ws, bs)])
+    return torch.cat(ws), bias
+
+
 class LlamaRunner:
     def __init__(self, model, batch: int, max_len: int, vocab_limit: int | None = None):
         core = _core(model)
-        assert supports(model), f"LlamaRunner supports LLaMA models with static RoPE ({STATIC_ROPE}), no attention bias"
+        assert supports(model), f"LlamaRunner supports LLaMA models with static RoPE ({STATIC_ROPE}), " \
+                                "no attention / MLP bias, SiLU MLP"
         cfg = core.config
-        self.layers = core.model.layers
-        self.embed, self.norm = core.model.embed_tokens, core.model.norm
-        self.head = _head(core, vocab_limit)
-        assert self.head is not None, "LlamaRunner needs a Linear output layer"
         self.h, self.kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.h
+        self.embed, self.eps = core.model.embed_tokens, float(cfg.rms_norm_eps)
+        self.layers = []
+        for layer in core.model.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                layer.input_layernorm.weight,
+                _cat([effective_linear(att.q_proj), effective_linear(att.k_proj), effective_linear(att.v_proj)]),
+                effective_linear(att.o_proj),
+                layer.post_attention_layernorm.weight,
+                _cat([effective_linear(mlp.gate_proj), effective_linear(mlp.up_proj)]),
+                effective_linear(mlp.down_proj)))
+        self.norm = core.model.norm.weight
+        W, b = effective_linear(core.lm_head)
+        n = W.shape[0] if vocab_limit is None else min(vocab_limit, W.shape[0])
+        self.head = (W[:n], None if b is None else b[:n])
         rot = core.model.rotary_emb
         self.inv_freq, self.rope_scale = rot.inv_freq.float(), float(rot.attention_scaling)
         p = next(core.parameters())
@@ -90,18 +147,33 @@ class LlamaRunner:
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
     @torch.no_grad()
+    def prefill(self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """The prompts into cache slots [0, P); last-position logits. Each distinct prompt row runs
+        once (a group repeats its prompt num_generations times); its cache is then copied."""
+        B = ids.shape[0]
+        uniq, inverse = torch.unique(torch.cat([ids, visible.to(ids.dtype)], 1), dim=0, return_inverse=True)
+        if len(uniq) == B:
+            return self.forward(ids, pos, 0, visible)
+        first = torch.full((len(uniq),), B, dtype=torch.long).scatter_reduce_(
+            0, inverse, torch.arange(B), reduce="amin")
+        logits = self.forward(ids[first], pos[first], 0, visible[first])
+        P = ids.shape[1]
+        for buf in (self.k, self.v):  # rows 0..U-1 hold the distinct prompts: spread them to all B rows
+            buf[:, :, :, :P] = buf[:, inverse, :, :P].clone()
+        self.pad_bias[:, :, :, :P] = self.pad_bias[inverse, :, :, :P].clone()
+        return logits[inverse]
+
+    @torch.no_grad()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, visible: torch.Tensor | None = None):
-        """Run L new tokens written to cache slots [start, start + L); return last-position logits.
+        """Run L new tokens of the first B cache rows into slots [start, start + L); last-position logits.
 
         visible: [B, L] 0/1 for the new slots (padding = 0); default all visible.
         """
         B, L = ids.shape
         end = start + L
-        if visible is not None:
-            self.pad_bias[:, 0, 0, start:end] = torch.where(visible.bool(), 0.0, float("-inf"))
-        else:
-            self.pad_bias[:, 0, 0, start:end] = 0.0
-        bias = self.pad_bias[:, :, :, :end]
+        pad = self.pad_bias[:B]
+        pad[:, 0, 0, start:end] = 0.0 if visible is None else torch.where(visible.bool(), 0.0, float("-inf"))
+        bias = pad[:, :, :, :end]
         if L > 1:  # causal within the new block
             causal = torch.full((L, end), float("-inf"), dtype=self.dtype).triu(start + 1)
             bias = bias + causal
@@ -111,17 +183,16 @@ class LlamaRunner:
             bias[:, :, diag, start + diag] = 0.0
         cos, sin = self._rope(pos)
         x = self.embed(ids)
-        for i, layer in enumerate(self.layers):
-            att = layer.self_attn
-            hN = layer.input_layernorm(x)
-            q = att.q_proj(hN).view(B, L, self.h, self.hd).transpose(1, 2)
-            k = att.k_proj(hN).view(B, L, self.kv, self.hd).transpose(1, 2)
-            v = att.v_proj(hN).view(B, L, self.kv, self.hd).transpose(1, 2)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            self.k[i, :, :, start:end] = k
-            self.v[i, :, :, start:end] = v
-            o = F.scaled_dot_product_attention(q, self.k[i, :, :, :end], self.v[i, :, :, :end], attn_mask=bias,
+        nq, nkv = self.h * self.hd, self.kv * self.hd
+        for i, (w_in, qkv, o, w_post, gate_up, down) in enumerate(self.layers):
+            q, k, v = F.linear(_rms(x, w_in, self.eps), *qkv).split((nq, nkv, nkv), -1)
+            q = self._rotate(q.view(B, L, self.h, self.hd).transpose(1, 2), cos, sin)
+            k = self._rotate(k.view(B, L, self.kv, self.hd).transpose(1, 2), cos, sin)
+            self.k[i, :B, :, start:end] = k
+            self.v[i, :B, :, start:end] = v.view(B, L, self.kv, self.hd).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, self.k[i, :B, :, :end], self.v[i, :B, :, :end], attn_mask=bias,
                                                enable_gqa=self.h != self.kv)
-            x = x + att.o_proj(o.transpose(1, 2).reshape(B, L, self.h * self.hd))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return F.linear(self.norm(x[:, -1]), *self.head)
+            x = x + F.linear(a.transpose(1, 2).reshape(B, L, nq), *o)
+            g, u = F.linear(_rms(x, w_post, self.eps), *gate_up).chunk(2, -1)
+            x = x + F.linear(F.silu(g) * u, *down)
+        return F.linear(_rms(x[:, -1], self.norm, self.eps), *self.head)

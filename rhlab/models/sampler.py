@@ -104,7 +104,7 @@ class _FastDecoder:
         self.P = ids.shape[1]
 
     def prefill(self, ids, mask, pos):
-        return self.runner.forward(ids, pos, 0, visible=mask).float()
+        return self.runner.prefill(ids, pos, mask).float()
 
     def step(self, tok, pos, t):
         return self.runner.forward(tok[:, None], pos, self.P + t).float()

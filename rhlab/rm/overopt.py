@@ -163,3 +163,46 @@ def _plot(points: list[dict], runs: dict, pooled: dict, path: Path, kl_unit: str
     fig.suptitle("over-optimisation: y = y0 + α d − β d ln d")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+# ---- one table per algorithm / arm: mean ± SEM over seeds ---------------------------------
+ARM_COLUMNS = ["proxy start", "proxy end", "gold start", "gold peak", "peak step", "gold end",
+               "peak − end", "d end", "hack end", "distinct-2 end"]
+
+
+def run_curve_stats(run_dir: str | Path, window: int = 5) -> dict:
+    """Start / peak / end of a run's training-batch proxy and gold, each a mean over ``window`` steps.
+
+    The peak is the maximum of the ``window``-step rolling mean (a single batch is noisy);
+    "peak − end" > 0 means the gold fell after its peak while the run went on."""
+    p = load_run_points(run_dir, "train")
+    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    w = max(1, min(window, len(p["gold"])))
+    roll = np.convolve(p["gold"], np.ones(w) / w, mode="valid")
+    i = int(np.argmax(roll))
+    last = lambda key: float(np.mean([float(r[key]) for r in rows[-w:]])) if key in rows[-1] else math.nan  # noqa: E731
+    return {"proxy start": float(p["proxy"][:w].mean()), "proxy end": float(p["proxy"][-w:].mean()),
+            "gold start": float(p["gold"][:w].mean()), "gold peak": float(roll[i]),
+            "peak step": float(p["step"][i + w - 1]), "gold end": float(p["gold"][-w:].mean()),
+            "peak − end": float(roll[i] - p["gold"][-w:].mean()), "d end": float(p["d"][-w:].mean()),
+            "hack end": last("hack_rate"), "distinct-2 end": last("distinct_2")}
+
+
+def arm_overopt_table(run_dirs: list[str | Path], window: int = 5) -> str:
+    """Markdown table, one row per arm (config.yaml's ``arm``), cells mean ± SEM over its complete runs."""
+    from rhlab.report.runs import load_runs
+    from rhlab.report.tables import arm_names, fmt_stat, mean_sem
+
+    runs = [r for r in load_runs(run_dirs) if r.complete]
+    assert runs, f"no complete runs under {[str(d) for d in run_dirs]}"
+    stats = {id(r): run_curve_stats(r.path, window) for r in runs}
+    header = ["arm", "n"] + ARM_COLUMNS
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm in arm_names(runs):
+        mine = [stats[id(r)] for r in runs if r.arm == arm]
+        cells = [arm, str(len(mine))]
+        for col in ARM_COLUMNS:
+            s = mean_sem(m[col] for m in mine)
+            cells.append(f"{s.mean:.0f}" if col == "peak step" and s.n else fmt_stat(s.mean, s.sem, s.n))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -11,6 +11,11 @@ arms:                      # name -> overrides; the arm name is set as `arm`
 grid: {train.lr: [1e-4, 2e-4]}   # cartesian product, crossed with arms and seeds
 workers: 2                 # local processes (default: one per core)
 threads_per_worker: 1
+report:                    # optional: `rhlab sweep` builds the report when the runs are done
+  out: reports/my_sweep    # report.html, tables, pareto.png (relative to the working directory)
+  reference: vanilla       # arm for delta SafePass
+  hypotheses: hyp.yaml     # preregistered claims (relative to this file)
+  tables: [projection]     # extra printed tables: projection (the seed's headline), overopt (proxy vs gold)
 ```
 """
 
@@ -20,12 +25,20 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rhlab.config import ConfigError, RunConfig, load_config, run_name
+
+
+class ReportSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    out: str
+    reference: str | None = None
+    hypotheses: str | None = None
+    tables: list[Literal["projection", "overopt"]] = Field(default_factory=list)
 
 
 class SweepSpec(BaseModel):
@@ -40,6 +53,7 @@ class SweepSpec(BaseModel):
     workers: int = Field(0, ge=0)  # 0 = one per core
     threads_per_worker: int = Field(1, gt=0)
     gpus_per_run: float = Field(0.0, ge=0)  # ray backend only
+    report: ReportSpec | None = None
 
 
 @dataclass
@@ -79,6 +93,14 @@ def load_sweep(path: str | Path, extra_grid: dict[str, list] | None = None,
     for k, vals in spec.grid.items():
         if not isinstance(vals, list) or not vals:
             raise ConfigError(f"{path}: grid.{k} must be a non-empty list")
+    if spec.report and spec.report.hypotheses:
+        hyp = path.parent / spec.report.hypotheses
+        if not hyp.exists():
+            raise ConfigError(f"{path}: report.hypotheses not found: {hyp}")
+        spec.report.hypotheses = str(hyp)
+    if spec.report and spec.report.reference and spec.report.reference not in spec.arms:
+        raise ConfigError(f"{path}: report.reference {spec.report.reference!r} is not an arm; "
+                          f"allowed: {', '.join(spec.arms)}")
     return spec, base
 
 
