@@ -355,6 +355,52 @@ def _sweep_report(sp, out: Optional[Path]) -> None:
     console.print(f"report: {out / 'report.html'} (Pareto: {out / 'pareto.png'})", highlight=False)
 
 
+@app.command("filter-prompts")
+def filter_prompts(config: Path = typer.Argument(..., help="run config (its env and model)"),
+                   out: Path = typer.Option(..., "--out", help="pool file to write (use as env.params.pool_file)"),
+                   overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
+                   prompts: int = typer.Option(300, help="prompts of the env's pool to measure (the first N)"),
+                   generations: int = typer.Option(8, help="completions per prompt"),
+                   min_spread: float = typer.Option(0.02, help="keep prompts whose group-reward std exceeds this"),
+                   buckets: int = typer.Option(3, help="difficulty buckets (3: hard / medium / easy)"),
+                   by_profile: bool = typer.Option(True, help="rewrite env: bucket = profile/difficulty"),
+                   seed: int = typer.Option(0, help="sampling seed")):
+    """Difficulty filter: sample the initial policy on the env's prompts, drop prompts whose group
+    rewards do not spread (no GRPO signal), cut the rest into difficulty buckets, save a pool file."""
+    import tempfile
+
+    from rhlab.envs.stratified import difficulty_filter, measure_group_rewards, rebucket, save_pool
+    from rhlab.trainer import Trainer
+
+    cfg = _load(config, (overrides or []) + ["log.progress=false"])
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            trainer = Trainer(cfg, Path(tmp))
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        pool = getattr(trainer.env, "prompts", None)
+        if not pool:
+            _fail(f"env {cfg.env.name!r} has no prompt pool (env.prompts) to filter")
+        groups = measure_group_rewards(trainer, trainer.env, list(dict.fromkeys(pool))[:prompts], generations, seed)
+    res = difficulty_filter(groups, min_spread)
+    if len(res.kept) < buckets:
+        _fail(f"only {len(res.kept)} of {len(groups)} prompts have spread > {min_spread}: lower --min-spread")
+    key = None
+    if by_profile and cfg.env.name == "rewrite":
+        from rhlab.envs.rewrite import profile_of
+        key = profile_of
+    pool_buckets = rebucket(res.kept, buckets, key=key)
+    save_pool(out, pool_buckets)
+    table = Table(title=f"difficulty filter: kept {len(res.kept)} of {len(groups)} prompts (spread > {min_spread})")
+    for col in ["bucket", "prompts", "mean reward (min .. max)"]:
+        table.add_column(col)
+    for name, ps in pool_buckets.items():
+        vals = [res.kept[p] for p in ps]
+        table.add_row(name, str(len(ps)), f"{min(vals):.3f} .. {max(vals):.3f}")
+    console.print(table)
+    console.print(f"pool: {out}  (env.params.pool_file={out})", highlight=False)
+
+
 @app.command("extract-direction")
 def extract_direction(config: Path = typer.Argument(..., help="run config with intervention svd_projection"),
                       overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),

@@ -199,3 +199,26 @@ def test_short_training_run_then_suite_and_trajectory(tmp_path):
     assert results[0].rows == 4 and results[0].delta == pytest.approx(results[0].post - results[0].baseline)
     assert "| E2 | — | 2 |" in format_gate_table(results)
     assert (run_dir / "eval" / "suite_tiny.json").exists()
+
+
+def test_filter_prompts_cli_writes_a_usable_pool(tmp_path):
+    """`rhlab filter-prompts`: measure the base policy, keep prompts with spread, rebucket, and the
+    rewrite env trains from the written pool."""
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
+
+    out = tmp_path / "pool.json"
+    over = ["threads=1", "sampling.max_new_tokens=24"]
+    res = CliRunner().invoke(app, ["filter-prompts", str(CONFIG), *over, "--out", str(out), "--prompts", "12",
+                                   "--generations", "4", "--min-spread", "0", "--buckets", "2"])
+    assert res.exit_code == 0, res.output
+    buckets = load_pool(out)
+    assert all("/" in b and b.split("/")[1] in ("d0", "d1") for b in buckets)
+    kept = [p for ps in buckets.values() for p in ps]
+    assert 2 <= len(kept) <= 12 and len(set(kept)) == len(kept)
+    env = build_env(load_config(CONFIG, [f"env.params.pool_file={out}"]).env)
+    assert sorted(env.prompts) == sorted(kept)
+    res = CliRunner().invoke(app, ["filter-prompts", str(CONFIG), *over, "--out", str(out), "--prompts", "4",
+                                   "--generations", "2", "--min-spread", "100"])
+    assert res.exit_code == 2 and "lower --min-spread" in res.output
