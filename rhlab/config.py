@@ -6,11 +6,19 @@ Every section forbids unknown keys; errors name the key and the allowed values.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -31,10 +39,23 @@ class LoraSpec(Section):
     target_modules: list[str] = Field(default_factory=lambda: list(ALL_LINEAR))
 
 
+DEVICES = "auto, cpu, cuda, cuda:N"
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
 class ModelConfig(Section):
     name: str = "builtin:tiny-stories"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # where policy, reference and every tensor of a step live; auto = cuda when available, else cpu
+    device: str = "auto"
     lora: LoraSpec = Field(default_factory=LoraSpec)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not _DEVICE.fullmatch(v):
+            raise ValueError(f"unknown device {v!r}; allowed: {DEVICES}")
+        return v
 
 
 class RewardSpec(Section):
@@ -61,7 +82,11 @@ class SamplingSpec(Section):
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     repetition_penalty: float = Field(1.0, gt=0)  # HF semantics; sampling only, not in the loss
-    backend: Literal["auto", "fast", "hf"] = "auto"  # fast = LLaMA static-cache runner; auto = fast when it applies
+    # fast = LLaMA static-cache runner; auto = fast when it applies; vllm = the Trainer samples with vLLM
+    # (GPU only, pip install 'rhlab[vllm]'; see docs/performance.md)
+    backend: Literal["auto", "fast", "hf", "vllm"] = "auto"
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)  # vllm only: its share of the GPU memory
+    vllm_max_model_len: Optional[int] = Field(None, gt=0)  # vllm only: prompt + completion tokens; None = the model's
 
 
 class TrainConfig(Section):
@@ -213,7 +238,8 @@ ABBREV = {"train.lr": "lr", "train.beta": "beta", "model.lora.r": "r", "model.lo
           "train.scale_rewards": "scale", "train.gradient_accumulation_steps": "ga"}
 # Parts of the config already in the name's head, or that do not change what is trained.
 NAME_SKIP = ("seed", "arm", "run_name", "output_dir", "threads", "log.", "env.name", "env.rewards",
-             "env.detector", "train.loss_type", "train.algo", "model.name", "intervention.name")
+             "env.detector", "train.loss_type", "train.algo", "model.name", "intervention.name", "model.device",
+             "sampling.vllm_")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

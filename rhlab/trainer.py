@@ -4,6 +4,10 @@ Each step: sample prompts -> generate rollouts -> score -> intervention.on_score
 advantages -> num_iterations x (accumulated micro-batch losses -> backward ->
 intervention.on_gradients -> clip -> optimizer step) -> log. Evaluate, sample and
 checkpoint on schedule; a killed run resumes from its last checkpoint.
+
+Policy, reference and every tensor of a step live on model.device (auto: cuda when available);
+checkpoints are written from CPU copies. sampling.backend=vllm samples with a colocated vLLM engine
+that is sent the policy's merged weights before every generation (rhlab/models/vllm_backend.py).
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ import yaml
 
 from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advantages, screened_advantages
 from rhlab.algos.losses import Norm, k3_kl, policy_loss
-from rhlab.config import RunConfig, run_name
+from rhlab.config import ConfigError, RunConfig, run_name
 from rhlab.envs.base import Scores, build_env
 from rhlab.eval.diversity import diversity
 from rhlab.interventions.base import build_intervention
 from rhlab.models import checkpoint as ckpt
-from rhlab.models.loading import encode_prompts, load_model
+from rhlab.models.loading import encode_prompts, load_model, resolve_device
 from rhlab.models.fast_llama import policy_logits
 from rhlab.models.sampler import Rollouts, SamplingConfig, generate
 from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
@@ -72,7 +76,10 @@ class Trainer:
         self.dir = Path(run_dir) if run_dir else Path(cfg.output_dir) / self.name
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
         seed_everything(cfg.seed)
+        self.device = resolve_device(cfg.model.device)
+        self._check_vllm()  # before anything is loaded: a wrong combination fails at once
         self.model, self.tok = load_model(cfg.model.name, DTYPES[cfg.model.dtype])
+        self.model.to(self.device)  # before LoRA, the reference copy and the intervention's adapters
         self.vocab_limit = len(self.tok)  # the policy's support: ids the tokenizer can produce
         if cfg.model.lora.enabled:
             self.model = ckpt.add_lora(self.model, cfg.model.lora)
@@ -86,6 +93,7 @@ class Trainer:
         self.intervention = build_intervention(cfg.intervention)
         # e.g. installs dual or SVD adapters; the reference above was copied before, so it stays the base
         self.model = self.intervention.prepare_model(self, self.model)
+        self.model.to(self.device)  # a no-op unless the intervention built something off the device
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         assert self.params, "no trainable parameters"
         self.opt = torch.optim.AdamW(self.params, lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay)
@@ -95,6 +103,24 @@ class Trainer:
         self.baseline = MovingBaseline(t.baseline_momentum) if t.algo == "reinforce" else None
         self.step = 0
         self.intervention.setup(self)
+        self.vllm = None
+        if cfg.sampling.backend == "vllm":  # created once, after every adapter is in place
+            from rhlab.models.vllm_backend import VLLMSampler
+
+            self.vllm = VLLMSampler(self.model, cfg, self.tok.eos_token_id, self.tok.pad_token_id, self.vocab_limit)
+
+    def _check_vllm(self) -> None:
+        cfg = self.cfg
+        if cfg.sampling.backend != "vllm":
+            return
+        if cfg.train.kl_in_reward:
+            raise ConfigError("train.kl_in_reward=true does not work with sampling.backend=vllm: the KL folded into "
+                              "the reward uses the sampler's per-token log-probs, and vLLM's are not the policy's "
+                              "tempered log-probs (sequence_logprobs). Use kl_in_reward=false (KL in the loss) or "
+                              "sampling.backend=auto|fast|hf")
+        if self.device.type != "cuda":
+            raise ConfigError(f"sampling.backend=vllm needs a CUDA device, but model.device={cfg.model.device} is "
+                              f"{self.device} here (vLLM is GPU only); use sampling.backend=auto|fast|hf")
 
     # ---- schedule -------------------------------------------------------------------
     def _lr_lambda(self, update: int) -> float:
@@ -111,11 +137,17 @@ class Trainer:
     # ---- pieces of a step ------------------------------------------------------------
     def rollout(self, prompts: list[str], seed: int, temperature: float | None = None) -> tuple[Rollouts, list[str]]:
         s = self.sampling if temperature is None else SamplingConfig(**{**self.sampling.__dict__, "temperature": temperature})
-        gen = torch.Generator().manual_seed(seed)
         self.model.eval()
-        r = generate(self.model, encode_prompts(self.tok, prompts), s, eos_id=self.tok.eos_token_id,
-                     pad_id=self.tok.pad_token_id, generator=gen, vocab_limit=self.vocab_limit)
-        texts = self.tok.batch_decode(r.completion_ids * r.completion_mask + self.tok.pad_token_id * (1 - r.completion_mask),
+        ids = encode_prompts(self.tok, prompts)
+        if self.vllm is not None:
+            self.vllm.sync_weights(self.model)  # the policy as it is now (adapters merged)
+            r = self.vllm.generate(ids, s, seed).to(self.device)
+        else:
+            gen = torch.Generator(device=self.device).manual_seed(seed)  # CUDA sampling needs a CUDA generator
+            r = generate(self.model, ids, s, eos_id=self.tok.eos_token_id, pad_id=self.tok.pad_token_id,
+                         generator=gen, vocab_limit=self.vocab_limit)
+        pad = self.tok.pad_token_id
+        texts = self.tok.batch_decode((r.completion_ids * r.completion_mask + pad * (1 - r.completion_mask)).tolist(),
                                       skip_special_tokens=True)
         return r, texts
 
@@ -132,7 +164,8 @@ class Trainer:
         if exclude is not None:  # screening: group statistics over kept members only, excluded get A = 0
             if t.algo != "grpo":
                 raise ValueError("an intervention excluded completions (screening): needs train.algo=grpo")
-            return screened_advantages(batch.rewards, exclude, t.num_generations, t.scale_rewards)
+            return screened_advantages(batch.rewards, exclude.to(batch.rewards.device), t.num_generations,
+                                       t.scale_rewards)
         if t.algo == "rloo":
             return rloo_advantages(batch.rewards, t.num_generations)
         if t.algo == "reinforce":
@@ -143,7 +176,7 @@ class Trainer:
         """kl_in_reward: R_i <- R_i - beta * sum_t (logp - ref) over the completion (k1 per sequence).
         logp comes from the sampler (no extra pass); ref is kept for the loss's KL metric."""
         r = batch.rollouts
-        ref = torch.cat([self.ref_logprobs(r.select(idx)) for idx in torch.arange(len(r)).chunk(
+        ref = torch.cat([self.ref_logprobs(r.select(idx)) for idx in torch.arange(len(r), device=self.device).chunk(
             self.cfg.train.gradient_accumulation_steps)])
         batch.extra["ref_logp"] = ref
         seq_kl = ((r.logprobs - ref) * r.completion_mask).sum(1)
@@ -159,7 +192,7 @@ class Trainer:
         if t.mask_truncated_completions:
             mask[r.truncated] = 0
         n_micro = t.gradient_accumulation_steps
-        chunks = torch.arange(len(r)).chunk(n_micro)
+        chunks = torch.arange(len(r), device=self.device).chunk(n_micro)
         total_tokens = float(mask.sum())
         loss_beta = 0.0 if t.kl_in_reward else t.beta
         t0 = time.perf_counter()
@@ -215,7 +248,7 @@ class Trainer:
         timings["generate"] = time.perf_counter() - t_start
         t0 = time.perf_counter()
         scores = self.env.score(prompts, texts)
-        batch = Batch(prompts, texts, r, scores, torch.tensor(scores.reward, dtype=torch.float32))
+        batch = Batch(prompts, texts, r, scores, torch.tensor(scores.reward, dtype=torch.float32, device=self.device))
         self.intervention.on_scored(self, batch)
         kl_stats = self.fold_kl_into_reward(batch) if t.kl_in_reward else {}
         adv = self.advantages(batch)
@@ -324,7 +357,7 @@ class Trainer:
         d.mkdir(parents=True, exist_ok=True)
         cfg_text = yaml.safe_dump(self.cfg.dump(), sort_keys=False)
         cfg_path = d / "config.yaml"
-        if cfg_path.exists() and yaml.safe_load(cfg_path.read_text()) != self.cfg.dump():
+        if cfg_path.exists() and _with_defaults(yaml.safe_load(cfg_path.read_text())) != self.cfg.dump():
             raise RuntimeError(f"{d} holds a run with a different config; use another run_name or output_dir")
         atomic_write_text(cfg_path, cfg_text)
         summary = d / "summary.json"
@@ -339,6 +372,17 @@ class Trainer:
         for f in ("metrics.jsonl", "samples.jsonl"):
             truncate_jsonl(d / f, self.step)
         return self.step + 1
+
+
+def _with_defaults(saved) -> dict:
+    """A saved config.yaml with keys added to RunConfig since it was written (e.g. model.device) at
+    their defaults, so a run started before a key existed still resumes; as saved if it does not validate."""
+    from pydantic import ValidationError
+
+    try:
+        return RunConfig.model_validate(saved).dump()
+    except ValidationError:
+        return saved
 
 
 def _score_means(s: Scores) -> dict:

@@ -114,6 +114,8 @@ def test_fast_backend_matches_transformers_forward(builtin, lora):
 def test_backend_errors(hub_cache, builtin):
     with pytest.raises(ValueError, match="allowed: auto, fast, hf"):
         _gen(*builtin, PROMPTS, backend="vllm-typo")
+    with pytest.raises(ValueError, match="not a generate\\(\\) backend.*Trainer"):
+        _gen(*builtin, PROMPTS, backend="vllm")
 
 
 def test_restricted_head_equals_full_logits(builtin):
@@ -190,3 +192,184 @@ def test_fast_backend_runs_svd_wrapped_head(builtin, tmp_path):
     b = _gen(model, tok, PROMPTS * 4, seed=3, max_new_tokens=32, backend="fast")
     assert torch.equal(a.completion_ids, b.completion_ids)
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=1e-4)
+
+
+def _wrapped_copy(model, kind: str, tmp_path):
+    """A copy of the built-in model under one adapter, with non-zero adapter weights (so merging matters)."""
+    import copy
+
+    from rhlab.adapters import dual_lora
+    from rhlab.adapters.svd import svd_modules, wrap_svd
+    from rhlab.config import ALL_LINEAR, LoraSpec
+    from rhlab.models.checkpoint import add_lora
+
+    torch.manual_seed(0)
+    m = copy.deepcopy(model)
+    if kind == "peft_lora":
+        m = add_lora(m, LoraSpec(enabled=True, r=4, dropout=0.1))
+        params = [p for n, p in m.named_parameters() if "lora_B" in n]
+    elif kind == "dual_lora":
+        dual_lora.install(m, list(ALL_LINEAR), None, 4, 8, 2, 4)
+        params = [p for d in dual_lora.dual_modules(m) for p in (d.retain_B, d.forget_B)]
+    else:  # svd, the output layer too: that unties it from the input embedding
+        wrap_svd(m, "builtin:tiny-stories", targets=list(ALL_LINEAR) + ["lm_head"], rank=16, cache_dir=tmp_path)
+        params = [d.delta_S for d in svd_modules(m).values()]
+    with torch.no_grad():
+        for p in params:
+            p.normal_(0, 0.3 if kind == "svd" else 0.05)
+    return m.eval()
+
+
+@pytest.mark.parametrize("kind", ["plain", "peft_lora", "dual_lora", "dual_lora_retain_only", "svd"])
+def test_merged_state_dict_loads_into_a_plain_model(builtin, tmp_path, kind):
+    """merged_state_dict (what the vLLM backend pushes) of a wrapped policy, loaded strictly into a fresh
+    plain LlamaForCausalLM, gives the wrapped model's logits (padding included)."""
+    import copy
+
+    from transformers import LlamaForCausalLM
+
+    from rhlab.adapters import dual_lora
+    from rhlab.models.fast_llama import merged_state_dict
+
+    model, tok = builtin
+    wrapped = model if kind == "plain" else _wrapped_copy(model, kind.removesuffix("_retain_only"), tmp_path)
+    if kind == "dual_lora_retain_only":  # the routing arm's ablation: the merge follows the current scales
+        dual_lora.set_scales(wrapped, 1.0, 0.0)
+    sd = merged_state_dict(wrapped)
+    assert not any("lora" in k or "base_layer" in k or "delta_S" in k for k in sd)
+    cfg = copy.deepcopy(model.config)
+    if kind == "svd":
+        assert not torch.equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"])  # the head moved
+        cfg.tie_word_embeddings = False  # a tied model cannot hold a head of its own
+    plain = LlamaForCausalLM(cfg).eval()
+    plain.load_state_dict(sd, strict=True)
+    if kind == "plain":
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in sd.items())
+    r = _gen(model, tok, PROMPTS * 2, max_new_tokens=16)  # left-padded prompts + completions
+    ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
+    attn = torch.cat([r.prompt_mask, r.completion_mask], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want = wrapped(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+        got = plain(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+        if kind != "plain":  # the adapters do change the model: the check has teeth
+            assert (want - model(input_ids=ids, attention_mask=attn, position_ids=pos).logits).abs().max() > 1e-2
+    m = attn.bool()
+    torch.testing.assert_close(got[m], want[m], atol=1e-4, rtol=1e-4)
+
+
+def test_rollouts_from_completions_reproduces_generate_layout(builtin):
+    """The vLLM backend's conversion from token lists gives exactly generate()'s tensors: left-padded
+    prompts, right-padded completions cut after EOS, masks, truncation flags, log-probs (0 on padding)."""
+    from rhlab.models.vllm_backend import rollouts_from_completions
+
+    model, tok = builtin
+    prompts = encode_prompts(tok, (PROMPTS + ["Leo was a kind bear who lived on a green hill."]) * 4)
+    T = 60
+    r = generate(model, prompts, SamplingConfig(max_new_tokens=T), tok.eos_token_id, tok.pad_token_id,
+                 torch.Generator().manual_seed(2), vocab_limit=len(tok))
+    assert r.truncated.any() and (~r.truncated).any()  # both kinds of row, and prompts of three lengths
+    n = r.completion_mask.sum(1).tolist()
+    comps = [row[:k] for row, k in zip(r.completion_ids.tolist(), n)]
+    lps = [row[:k] for row, k in zip(r.logprobs.tolist(), n)]
+    out = rollouts_from_completions(prompts, comps, lps, tok.eos_token_id, tok.pad_token_id, T)
+    for f in r.__dataclass_fields__:
+        a, b = getattr(r, f), getattr(out, f)
+        assert a.dtype == b.dtype and torch.equal(a, b), f
+    # tokens after EOS or past max_new_tokens are dropped; no log-probs means zeros
+    longer = [c + [5, 6] if c[-1] == tok.eos_token_id else c + [5] * 3 for c in comps]
+    again = rollouts_from_completions(prompts, longer, None, tok.eos_token_id, tok.pad_token_id, T)
+    assert torch.equal(again.completion_ids, r.completion_ids) and torch.equal(again.truncated, r.truncated)
+    assert not again.logprobs.any()
+
+
+def test_effective_linear_probes_in_the_model_dtype(builtin, tmp_path):
+    """Under a bfloat16 model the SVD adapter keeps delta_S in float32: the probe must use the model's
+    dtype (the fast sampler used to fail on bf16 + SVD)."""
+    import copy
+
+    from rhlab.adapters.svd import svd_modules, wrap_svd
+    from rhlab.models.fast_llama import effective_linear
+
+    model = copy.deepcopy(builtin[0]).to(torch.bfloat16)
+    wrap_svd(model, "builtin:tiny-stories", targets=["down_proj"], rank=16, cache_dir=tmp_path)
+    m = next(iter(svd_modules(model).values()))
+    assert m.delta_S.dtype == torch.float32
+    with torch.no_grad():
+        torch.nn.init.normal_(m.delta_S, 0, 0.3)
+        W, b = effective_linear(m)
+        x = torch.randn(3, W.shape[1], dtype=torch.bfloat16)
+        assert W.dtype == torch.bfloat16 and b is None
+        torch.testing.assert_close(torch.nn.functional.linear(x, W), m(x), atol=5e-2, rtol=5e-2)
+
+
+def test_step_pieces_stay_on_the_model_device(builtin, monkeypatch):
+    """No CUDA here, so the 'meta' device stands in for it: with the model on meta, any tensor a step
+    creates on the CPU and mixes with a model tensor raises a device error. Covers the log-prob pass
+    (both logits paths), the fast runner's buffers and masks, the sampler's penalty/filter math, the
+    loss and backward, and LoRA / dual LoRA. (Data-dependent ops, e.g. the sampler's loop, cannot run on
+    meta.)"""
+    import copy
+
+    import transformers.masking_utils as mu
+
+    from rhlab.adapters.dual_lora import grad_mask, install
+    from rhlab.algos.advantages import (
+        grpo_advantages,
+        rloo_advantages,
+        screened_advantages,
+    )
+    from rhlab.algos.losses import Norm, policy_loss
+    from rhlab.config import ALL_LINEAR, LoraSpec
+    from rhlab.models.checkpoint import add_lora
+    from rhlab.models.fast_llama import LlamaRunner, merged_state_dict, policy_logits
+    from rhlab.models.sampler import Rollouts, left_pad, penalize_repeats
+
+    monkeypatch.setattr(mu, "_ignore_causal_mask_sdpa", lambda *a, **k: False)  # reads mask values
+    D = torch.device("meta")
+    model, tok = copy.deepcopy(builtin[0]).to(D), builtin[1]
+    V = len(tok)
+    with pytest.raises(RuntimeError, match="device"):  # the stand-in does catch a CPU tensor
+        model.lm_head.weight + torch.zeros(model.lm_head.weight.shape)
+    ids, mask = left_pad([[5, 6, 7], [8, 9, 10, 11, 12], [5], [6, 7]], 0, device=D)
+    B, T = 4, 6
+    comp, cm = torch.ones(B, T, dtype=torch.long, device=D), torch.ones(B, T, dtype=torch.long, device=D)
+    r = Rollouts(ids, mask, comp, cm, torch.zeros(B, dtype=torch.bool, device=D), torch.zeros(B, T, device=D))
+    logp, ent = sequence_logprobs(model, r, 0.9, with_entropy=True, vocab_limit=V)
+    assert logp.device == ent.device == D
+    all_ids, attn = torch.cat([ids, comp], 1), torch.cat([mask, cm], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+
+    class Bare(torch.nn.Module):  # no base model attribute: policy_logits masks the full logits
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, **kw):
+            return self.m(**kw)
+
+    assert policy_logits(Bare(model), all_ids, attn, pos, ids.shape[1], V).device == D
+    runner = LlamaRunner(model, B, ids.shape[1] + T, V)
+    p_pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    runner.forward(ids, p_pos, 0, mask)  # what prefill runs (prefill's torch.unique is data-dependent)
+    assert runner.forward(comp[:, :1], p_pos[:, -1:] + 1, ids.shape[1]).device == D
+    seen = torch.zeros(B, V, dtype=torch.long, device=D).scatter_add_(1, ids, mask) > 0
+    filter_logits(penalize_repeats(torch.zeros(B, V, device=D), seen, 1.2), 5, 0.9).softmax(-1)
+    seen[torch.arange(B, device=D), comp[:, 0]] = True
+    rewards = torch.tensor([1.0, 0.0, 2.0, 1.0], device=D)
+    adv = grpo_advantages(rewards, 2) + rloo_advantages(rewards, 2)
+    screened_advantages(rewards, torch.zeros(B, dtype=torch.bool, device=D), 2)
+    out = policy_loss(logp, logp.detach(), adv, cm, loss_type="dapo", epsilon=0.2, beta=0.1, ref_logp=logp.detach(),
+                      norm=Norm(B, 24.0, 24.0, 1, T))
+    out.loss.backward()
+    lora = add_lora(copy.deepcopy(model), LoraSpec(enabled=True, r=2))
+    dual = copy.deepcopy(model)
+    install(dual, list(ALL_LINEAR), None, 2, 4, 2, 4)
+    for m in (lora, dual):
+        assert all(p.device == D for p in m.parameters())
+        sequence_logprobs(m, r, 1.0, vocab_limit=V)[0].sum().backward()
+    with lora.disable_adapter():  # the LoRA reference
+        sequence_logprobs(lora, r, 1.0, vocab_limit=V)
+    with grad_mask(dual, retain=0):
+        sequence_logprobs(dual, r, 1.0, vocab_limit=V)[0].sum().backward()
+    assert all(v.device == D for v in merged_state_dict(model).values())

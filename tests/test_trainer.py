@@ -144,3 +144,82 @@ def test_screening_exclusions_reach_the_advantages(tmp_path):
     kept = grpo_advantages(torch.tensor([1.0, 0.0, 2.0]), 3)
     torch.testing.assert_close(adv[[0, 1, 3]], kept)
     torch.testing.assert_close(adv[4:], grpo_advantages(rewards[4:], 4))
+
+
+def test_device_cpu_trains_two_steps_and_resumes_on_it(tmp_path):
+    """model.device=cpu: policy, reference, rollouts and checkpoints on the CPU; a finished run's checkpoint
+    loads back onto the device (the safetensors file holds CPU tensors whatever device wrote it)."""
+    from safetensors.torch import load_file
+
+    t = Trainer(_cfg(tmp_path, "model.device=cpu", "train.steps=2", "env.rewards=[{name: sentence_length_5}]"))
+    assert t.device == torch.device("cpu")
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    summary = t.train()
+    assert summary["status"] == "complete"
+    assert [r["step"] for r in read_jsonl(t.dir / "metrics.jsonl")] == [1, 2]
+    assert all(p.device.type == "cpu" for p in [*t.model.parameters(), *t.ref.parameters()])
+    assert any(not torch.equal(p, before[n]) for n, p in t.model.named_parameters())
+    saved = load_file(str(t.dir / "checkpoints" / "step_00002" / "weights.safetensors"))
+    assert all(v.device.type == "cpu" for v in saved.values())
+    from rhlab.models.checkpoint import load
+
+    fresh = Trainer(_cfg(tmp_path / "again", "model.device=cpu", "train.steps=2",
+                         "env.rewards=[{name: sentence_length_5}]"))
+    load(fresh, t.dir / "checkpoints" / "step_00002")
+    assert all(torch.equal(p, dict(t.model.named_parameters())[n]) for n, p in fresh.model.named_parameters())
+    assert fresh.step == 2
+    # a run directory written before model.device (and the vllm keys) existed still counts as this run
+    import yaml
+
+    saved_cfg = yaml.safe_load((t.dir / "config.yaml").read_text())
+    del saved_cfg["model"]["device"], saved_cfg["sampling"]["vllm_gpu_memory_utilization"]
+    (t.dir / "config.yaml").write_text(yaml.safe_dump(saved_cfg))
+    again = Trainer(_cfg(tmp_path, "model.device=auto", "train.steps=2", "env.rewards=[{name: sentence_length_5}]"))
+    assert again.dir == t.dir and again.train()["status"] == "complete"  # not "a different config"
+
+
+@pytest.mark.parametrize("device", ["tpu", "gpu", "CUDA", "cuda:x", "cpu:0"])
+def test_bad_device_fails_naming_the_allowed_values(device):
+    from rhlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.device: .*allowed: auto, cpu, cuda, cuda:N"):
+        load_config(None, [f"model.device={device}"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:1"])
+def test_cuda_without_cuda_fails_clearly(tmp_path, device):
+    from rhlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"model.device={device}: CUDA is not available"):
+        Trainer(_cfg(tmp_path, f"model.device={device}"))
+    assert Trainer(_cfg(tmp_path, "train.steps=1")).device == torch.device("cpu")  # auto falls back to the CPU
+
+
+def test_vllm_backend_errors(tmp_path):
+    """vllm: no kl_in_reward (its log-probs are not the policy's), a CUDA device, vLLM installed; and
+    generate() refuses it (the Trainer owns the engine)."""
+    from rhlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match="kl_in_reward=true does not work with sampling.backend=vllm"):
+        Trainer(_cfg(tmp_path, "sampling.backend=vllm", "train.kl_in_reward=true"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="sampling.backend=vllm needs a CUDA device.*model.device=auto is cpu"):
+            Trainer(_cfg(tmp_path, "sampling.backend=vllm"))
+    with pytest.raises(ConfigError, match="sampling.backend=vllm needs a CUDA device.*model.device=cpu"):
+        Trainer(_cfg(tmp_path, "sampling.backend=vllm", "model.device=cpu"))
+
+
+def test_vllm_missing_gives_the_install_command(builtin):
+    import importlib.util
+
+    from rhlab.models.vllm_backend import VLLMSampler, import_vllm
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    msg = r"sampling.backend=vllm needs vLLM: pip install 'rhlab\[vllm\]' \(GPU only\)"
+    with pytest.raises(ImportError, match=msg):
+        import_vllm()
+    model, tok = builtin
+    with pytest.raises(ImportError, match=msg):
+        VLLMSampler(model, load_config(None, ["sampling.backend=vllm"]), tok.eos_token_id, tok.pad_token_id, len(tok))

@@ -72,7 +72,7 @@ def screened_advantages(rewards: torch.Tensor, exclude: torch.Tensor, G: int, sc
         adv = adv / (var.sqrt() + EPS)
     elif scale == "batch":
         kept = rewards[~exclude]
-        adv = adv / ((kept.std() if kept.numel() > 1 else torch.tensor(0.0)) + EPS)
+        adv = adv / ((kept.std() if kept.numel() > 1 else kept.new_tensor(0.0)) + EPS)
     elif scale != "none":
         raise ValueError(f"scale_rewards: unknown {scale!r}; allowed: group, batch, none")
     adv = adv * (k >= 2)

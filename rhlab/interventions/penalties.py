@@ -66,7 +66,8 @@ class AdvantagePenalty(SVDArm):
     def completion_means(self, trainer, batch) -> torch.Tensor:
         r = batch.rollouts
         out = []
-        for idx in torch.arange(len(r)).chunk(trainer.cfg.train.gradient_accumulation_steps):
+        n_micro = trainer.cfg.train.gradient_accumulation_steps
+        for idx in torch.arange(len(r), device=r.completion_ids.device).chunk(n_micro):
             s = r.select(idx)
             ids = torch.cat([s.prompt_ids, s.completion_ids], 1)
             attn = torch.cat([s.prompt_mask, s.completion_mask], 1)
@@ -79,8 +80,8 @@ class AdvantagePenalty(SVDArm):
         trainer.model.eval()
         cos = self.cos(self.completion_means(trainer, batch))
         trainer.model.train(was_training)
-        pen = self.alpha * cos.clamp(min=0)
-        batch.rewards = batch.rewards - pen
+        pen = self.alpha * cos.clamp(min=0)  # on the CPU (activation means are): rewards live on the model's device
+        batch.rewards = batch.rewards - pen.to(batch.rewards.device)
         batch.extra["concept_cos"] = cos
         hack = torch.tensor(batch.scores.hack, dtype=torch.bool)
         self._m = {"penalty/mean": float(pen.mean()), "penalty/cos": float(cos.mean()),
@@ -119,7 +120,7 @@ class MonitorPenalty(SVDArm):
         self._m: dict[str, float] = {}
 
     def on_scored(self, trainer, batch) -> None:
-        flags = self.monitor.flags(trainer, batch)
+        flags = self.monitor.flags(trainer, batch).to(batch.rewards.device)
         batch.rewards = batch.rewards - self.penalty * flags.float()
         batch.extra["monitor_flag"] = flags
         self._m = {"monitor/flag_rate": float(flags.float().mean())}
@@ -157,7 +158,7 @@ class Screening(SVDArm):
                              f"members); got algo={t.algo}, kl_in_reward={t.kl_in_reward}")
 
     def on_scored(self, trainer, batch) -> None:
-        flags = self.monitor.flags(trainer, batch)
+        flags = self.monitor.flags(trainer, batch).to(batch.rewards.device)
         batch.extra["exclude"] = flags
         batch.rewards = screened_rewards(batch.rewards, flags, trainer.cfg.train.num_generations)
         self._m = {"monitor/flag_rate": float(flags.float().mean())}

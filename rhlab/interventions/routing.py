@@ -108,7 +108,7 @@ class Routing(Intervention):
             return [(idx, nullcontext())]
         flags = batch.extra.get("routing_flag")
         assert flags is not None, "routing: on_scored did not attach routing_flag to the batch"
-        sel = flags[idx]
+        sel = flags.to(idx.device)[idx]  # idx: the trainer's chunk indices, on the model's device
         groups = []
         for key, members in (("flagged", idx[sel]), ("unflagged", idx[~sel])):
             if len(members):

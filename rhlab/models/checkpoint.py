@@ -24,9 +24,10 @@ def add_lora(model, spec):
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:
-    """Only what training changes: adapter weights under LoRA, every weight otherwise."""
+    """Only what training changes: adapter weights under LoRA, every weight otherwise; CPU copies
+    (safetensors files are device-free; load_weights puts them back on the model's device)."""
     names = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k in names}
+    return {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items() if k in names}
 
 
 def read_json(path: str | Path) -> dict:
@@ -62,7 +63,8 @@ def latest(root: Path) -> Path | None:
 
 
 def load_weights(model, ckpt_dir: Path) -> None:
-    state = load_file(str(Path(ckpt_dir) / "weights.safetensors"))
+    device = next(model.parameters()).device
+    state = load_file(str(Path(ckpt_dir) / "weights.safetensors"), device=str(device))
     missing_unexpected = model.load_state_dict(state, strict=False)
     if missing_unexpected.unexpected_keys:
         raise ValueError(f"{ckpt_dir}: weights not in the model: {missing_unexpected.unexpected_keys[:5]}")
@@ -73,7 +75,9 @@ def load_weights(model, ckpt_dir: Path) -> None:
 
 def load(trainer, ckpt_dir: Path) -> None:
     load_weights(trainer.model, ckpt_dir)
-    opt = torch.load(ckpt_dir / "optimizer.pt", weights_only=True)
+    # to the CPU whatever device wrote it: Optimizer.load_state_dict moves each state tensor to its
+    # parameter's device and dtype (and keeps Adam's step counts on the CPU, as a fresh optimizer has them)
+    opt = torch.load(ckpt_dir / "optimizer.pt", weights_only=True, map_location="cpu")
     trainer.opt.load_state_dict(opt["opt"])
     trainer.sched.load_state_dict(opt["sched"])
     state = read_json(ckpt_dir / "state.json")

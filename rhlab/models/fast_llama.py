@@ -58,9 +58,54 @@ def effective_linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     d_in = _in_features(m)
     assert d_in is not None, f"{type(m).__name__}: not a linear layer or an adapter around one"
     p = next(m.parameters())
-    zero = m(torch.zeros(1, d_in, dtype=p.dtype, device=p.device))[0]
-    W = (m(torch.eye(d_in, dtype=p.dtype, device=p.device)) - zero).T.contiguous()
+    dt = _input_dtype(m)
+    zero = m(torch.zeros(1, d_in, dtype=dt, device=p.device))[0]
+    W = (m(torch.eye(d_in, dtype=dt, device=p.device)) - zero).T.contiguous()
     return W, (zero if bool(zero.any()) else None)
+
+
+def _input_dtype(m: nn.Module) -> torch.dtype:
+    """The dtype an adapter's forward takes: its frozen base weight's (the model's dtype). Not simply its
+    first parameter's: the SVD adapter keeps delta_S in float32 under a bfloat16 model."""
+    for w in (getattr(getattr(m, "base_layer", None), "weight", None),
+              getattr(getattr(m, "base", None), "weight", None), getattr(m, "Vh", None)):
+        if isinstance(w, torch.Tensor):
+            return w.dtype
+    return next(m.parameters()).dtype
+
+
+def _is_adapter(m: nn.Module) -> bool:
+    """An adapter wrapped around a linear layer (peft LoRA, dual LoRA, SVD): linear-like, not a plain nn.Linear."""
+    return type(m) is not nn.Linear and _in_features(m) is not None and any(True for _ in m.parameters())
+
+
+@torch.no_grad()
+def merged_state_dict(model) -> dict[str, torch.Tensor]:
+    """The plain LlamaForCausalLM state dict of a possibly adapter-wrapped policy, every adapter merged.
+
+    HF names (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight, ..., lm_head.weight):
+    what a fresh model of the same architecture (or vLLM's load_weights) accepts. Each adapter around a
+    linear layer (peft LoRA, dual retain/forget LoRA at its current scales, SVD adapter) becomes the
+    weight (and bias) its forward computes, read with effective_linear; everything else is the model's
+    own tensors, detached, on their device. Put the model in eval mode first (dropout). A tied output
+    layer appears under both names, the same tensor; a wrapped one (SVD on lm_head) is its own weight,
+    so the receiving model must then have untied embeddings."""
+    core = _core(model)
+    merged: dict[str, torch.Tensor] = {}
+    wrapped: list[str] = []
+    for name, m in core.named_modules():
+        if not name or any(name.startswith(w + ".") for w in wrapped):
+            continue
+        if _is_adapter(m):
+            wrapped.append(name)
+            W, b = effective_linear(m)
+            merged[f"{name}.weight"] = W.detach()
+            if b is not None:
+                merged[f"{name}.bias"] = b.detach()
+    out = {k: v.detach() for k, v in core.state_dict(keep_vars=True).items()
+           if not any(k.startswith(w + ".") for w in wrapped)}
+    out.update(merged)
+    return out
 
 
 def _head(core, vocab_limit: int | None):
@@ -86,7 +131,8 @@ def policy_logits(model, ids, attn, pos, prompt_len: int, vocab_limit: int | Non
         return F.linear(h, *head).float()
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, prompt_len - 1:-1].float()
     if vocab_limit is not None and vocab_limit < logits.shape[-1]:
-        logits = logits.masked_fill(torch.arange(logits.shape[-1]) >= vocab_limit, float("-inf"))
+        logits = logits.masked_fill(torch.arange(logits.shape[-1], device=logits.device) >= vocab_limit,
+                                    float("-inf"))
     return logits
 
 
@@ -154,8 +200,8 @@ class LlamaRunner:
         uniq, inverse = torch.unique(torch.cat([ids, visible.to(ids.dtype)], 1), dim=0, return_inverse=True)
         if len(uniq) == B:
             return self.forward(ids, pos, 0, visible)
-        first = torch.full((len(uniq),), B, dtype=torch.long).scatter_reduce_(
-            0, inverse, torch.arange(B), reduce="amin")
+        first = torch.full((len(uniq),), B, dtype=torch.long, device=ids.device).scatter_reduce_(
+            0, inverse, torch.arange(B, device=ids.device), reduce="amin")
         logits = self.forward(ids[first], pos[first], 0, visible[first])
         P = ids.shape[1]
         for buf in (self.k, self.v):  # rows 0..U-1 hold the distinct prompts: spread them to all B rows
@@ -175,11 +221,11 @@ class LlamaRunner:
         pad[:, 0, 0, start:end] = 0.0 if visible is None else torch.where(visible.bool(), 0.0, float("-inf"))
         bias = pad[:, :, :, :end]
         if L > 1:  # causal within the new block
-            causal = torch.full((L, end), float("-inf"), dtype=self.dtype).triu(start + 1)
+            causal = torch.full((L, end), float("-inf"), dtype=self.dtype, device=pad.device).triu(start + 1)
             bias = bias + causal
             # every query sees at least itself: a left-padding row with no visible key would make
             # NaNs that leak through 0 * NaN in later layers (real tokens never see padding)
-            diag = torch.arange(L)
+            diag = torch.arange(L, device=pad.device)
             bias[:, :, diag, start + diag] = 0.0
         cos, sin = self._rope(pos)
         x = self.embed(ids)

@@ -4,6 +4,10 @@ Written by hand instead of `model.generate` for speed and control: inverse-CDF s
 (one uniform per row, ~30x cheaper than torch.multinomial on CPU for a 4096 vocab, see
 PERF_NOTES), per-token log-probs returned without a second pass, and a seeded generator so
 the same seed gives the same samples.
+
+Everything runs on the model's device (its first parameter's). The generator may live on that
+device (torch.Generator(device="cuda") for a CUDA model) or on the CPU: the uniforms are drawn on
+the generator's device and moved, so a CPU generator gives the same uniforms on any device.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ class SamplingConfig:
     top_p: float = 1.0  # 1.0 = off
     repetition_penalty: float = 1.0  # 1.0 = off; applied to sampling only (log-probs stay the policy's)
     backend: str = "auto"
+    vllm_gpu_memory_utilization: float = 0.3  # backend=vllm only (the Trainer's VLLMSampler)
+    vllm_max_model_len: int | None = None  # backend=vllm only; None = the model's
 
 
 @dataclass
@@ -39,14 +45,21 @@ class Rollouts:
     def select(self, idx: torch.Tensor | slice) -> "Rollouts":
         return Rollouts(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
 
+    def to(self, device: torch.device | str) -> "Rollouts":
+        return Rollouts(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+
+def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device | str | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) [B, width], built on the CPU (one row at a time) and moved to device in one copy."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, width - len(s):] = torch.tensor(s)
         mask[i, width - len(s):] = 1
+    if device is not None:
+        ids, mask = ids.to(device), mask.to(device)
     return ids, mask
 
 
@@ -70,9 +83,11 @@ def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -
 
 
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Inverse-CDF sampling: one uniform per row, searchsorted into the cumulative distribution."""
+    """Inverse-CDF sampling: one uniform per row, searchsorted into the cumulative distribution.
+    The uniforms are drawn on the generator's device (a CUDA generator can only fill CUDA tensors)."""
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype, device=generator.device)
+    u = u.to(cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
@@ -88,7 +103,8 @@ class _HFDecoder:
         return out.logits[:, -1].float()
 
     def step(self, tok, pos, t):
-        self.attn = torch.cat([self.attn, torch.ones((tok.shape[0], 1), dtype=self.attn.dtype)], dim=1)
+        self.attn = torch.cat([self.attn, torch.ones((tok.shape[0], 1), dtype=self.attn.dtype,
+                                                     device=self.attn.device)], dim=1)
         out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos,
                          past_key_values=self.cache, use_cache=True)
         return out.logits[:, -1].float()
@@ -116,6 +132,10 @@ BACKENDS = ("auto", "fast", "hf")
 def pick_backend(model, backend: str) -> str:
     from rhlab.models.fast_llama import supports
 
+    if backend == "vllm":
+        raise ValueError("sampling.backend=vllm is not a generate() backend: vLLM runs as a separate engine that "
+                         "the Trainer creates once and syncs with the policy (rhlab/models/vllm_backend.py, "
+                         "Trainer.rollout); call generate() with auto, fast or hf")
     if backend not in BACKENDS:
         raise ValueError(f"sampling.backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
     if backend == "fast" and not supports(model):
@@ -132,7 +152,8 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
     cfg.backend: "fast" (LLaMA static-cache runner), "hf" (any model), "auto" (fast when it applies).
     """
     assert cfg.max_new_tokens > 0 and cfg.temperature >= 0
-    ids, mask = left_pad(prompts, pad_id)
+    dev = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id, dev)
     B, T = ids.shape[0], cfg.max_new_tokens
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     if pick_backend(model, cfg.backend) == "fast":
@@ -141,14 +162,14 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
         dec = _HFDecoder(model, ids, mask, pos)
     logits = dec.prefill(ids, mask, pos)
     next_pos = pos[:, -1:] + 1
-    tokens = torch.full((B, T), pad_id, dtype=torch.long)
-    logps = torch.zeros((B, T))
-    cmask = torch.zeros((B, T), dtype=torch.long)
-    done = torch.zeros(B, dtype=torch.bool)
+    tokens = torch.full((B, T), pad_id, dtype=torch.long, device=dev)
+    logps = torch.zeros((B, T), device=dev)
+    cmask = torch.zeros((B, T), dtype=torch.long, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
     filtering = cfg.top_k > 0 or cfg.top_p < 1.0
     seen = None
     if cfg.repetition_penalty != 1.0:
-        seen = torch.zeros(B, logits.shape[-1], dtype=torch.long).scatter_add_(1, ids, mask) > 0
+        seen = torch.zeros(B, logits.shape[-1], dtype=torch.long, device=dev).scatter_add_(1, ids, mask) > 0
     for t in range(T):
         if vocab_limit is not None and vocab_limit < logits.shape[-1]:
             logits[:, vocab_limit:] = float("-inf")
@@ -170,7 +191,7 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
         cmask[live, t] = 1
         done |= tok == eos_id
         if seen is not None:
-            seen[torch.arange(B), tok] = True
+            seen[torch.arange(B, device=dev), tok] = True
         if bool(done.all()) or t == T - 1:
             break
         step_in = torch.where(done, torch.full_like(tok, pad_id), tok)
