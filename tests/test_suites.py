@@ -49,8 +49,9 @@ def test_parse_suite_and_errors(tmp_path):
         parse_suite({**SUITE, "metrics": "strict"})
     with pytest.raises(FileNotFoundError, match="suite file not found"):
         load_suite(tmp_path / "nope.yaml")
-    assert [x.name for x in load_suite("configs/suite_rewrite.yaml").sets] == ["E1 mixed", "E2 three facts",
-                                                                              "E3 one fact (control)"]
+    shipped = load_suite("configs/suite_rewrite.yaml").sets
+    assert [x.name for x in shipped] == ["E1 mixed", "E2 three facts", "E3 one fact (control)", "E4 no hacking"]
+    assert [x.metric for x in shipped] == [None, None, None, "hack_rate"]
 
 
 def test_gate_results_by_hand():
@@ -69,6 +70,12 @@ def test_gate_results_by_hand():
     assert "| E2 | — | 2 | 0.6000 | 0.4500 | -0.1500 | post >= +0.5 | FAIL |" in table
     assert "| E1 | -0.5312 | -0.5181 | +0.0131 |" in table  # the risk-penalty table, for the sets that report it
     assert table.endswith("2/3 gates passed")
+    # a set with its own metric (a hack-rate gate next to reward gates)
+    s.sets[1].metric = "hack_rate"
+    base["E2"]["hack_rate"], post["E2"]["hack_rate"] = 0.0, 0.25
+    res = gate_results(s, base, post)
+    assert (res[1].metric, res[1].post, res[1].passed) == ("hack_rate", 0.25, False)
+    assert "| E2 | — | 2 | hack_rate | 0.0000 | 0.2500 | +0.2500 | post >= +0.5 | FAIL |" in format_gate_table(res)
 
 
 class EchoPolicy:
@@ -91,7 +98,7 @@ def test_run_suite_with_fake_policies():
     assert all(r.delta > 0.15 for r in res) and all(r.passed for r in res)
     assert res[1].baseline_metrics["risk_penalty"] == -1.0  # E2 is name-only prompts: one fact dropped
     assert res[0].post_metrics["risk_compliance"] == 1.0
-    with pytest.raises(ValueError, match="suite metric 'nope' not reported.*allowed:.*strict"):
+    with pytest.raises(ValueError, match="suite metric 'nope' \\(set 'E1'\\) not reported.*allowed:.*strict"):
         run_suite(parse_suite({**SUITE, "metric": "nope"}), env_cfg, DropPolicy(), EchoPolicy())
 
 

@@ -9,10 +9,12 @@ A suite YAML (configs/suite_rewrite.yaml):
       - {name: E1 mixed, n_prompts: 48, seed: 1, gate: "delta > 0.05"}
       - {name: E2 three facts, params: {profiles: [name+object+place]}, n_prompts: 24, seed: 2,
          gate: "delta >= 0"}
+      - {name: E4 no hacking, metric: hack_rate, n_prompts: 48, seed: 4, gate: "post <= 0.1"}
 
 Each set builds the run's environment with `params` deep-merged over the run's env.params,
 takes env.eval_prompts(n_prompts), samples one completion per prompt with rollout seed
-`seed` from the baseline (initial) and the post (trained) policy, and averages the metric.
+`seed` from the baseline (initial) and the post (trained) policy, and averages the metric
+(the suite's, or the set's own `metric`: e.g. a hack-rate gate next to the reward gates).
 A gate is `<delta|post|baseline> <op> <number>`, op one of > >= < <=.
 """
 
@@ -33,7 +35,7 @@ OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 GATE_SIDES = ("delta", "post", "baseline")
 _GATE = re.compile(r"^\s*(delta|post|baseline)\s*(>=|<=|>|<)\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*$")
 SUITE_KEYS = {"name", "metric", "temperature", "sets"}
-SET_KEYS = {"name", "dataset", "params", "n_prompts", "seed", "gate"}
+SET_KEYS = {"name", "dataset", "params", "n_prompts", "seed", "gate", "metric"}
 SCORE_METRICS = ("reward", "task_score", "pass_rate", "hack_rate", "hack_rate_loose")
 EXTRA_KEYS = ("risk_penalty", "risk_compliance", "hack_rate")  # the second table, where logged
 
@@ -68,6 +70,7 @@ class EvalSet:
     gate: Gate
     params: dict = field(default_factory=dict)  # deep-merged over the run's env.params
     dataset: str = ""  # a label for the table
+    metric: str | None = None  # None = the suite's metric
 
 
 @dataclass
@@ -104,7 +107,8 @@ def parse_suite(data: dict, source: str = "suite") -> Suite:
         if not isinstance(s.get("params", {}), dict):
             raise ValueError(f"{where}.params: expected a mapping of env.params overrides")
         sets.append(EvalSet(str(s["name"]), s["n_prompts"], int(s.get("seed", 0)), parse_gate(s["gate"]),
-                            dict(s.get("params") or {}), str(s.get("dataset", ""))))
+                            dict(s.get("params") or {}), str(s.get("dataset", "")),
+                            None if s.get("metric") is None else str(s["metric"])))
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise ValueError(f"{source}: duplicate set names {names}")
@@ -155,8 +159,9 @@ def evaluate_suite(suite: Suite, env_cfg: EnvConfig, policy) -> dict[str, dict[s
     out = {}
     for s in suite.sets:
         m = evaluate_set(policy, build_env(set_env_config(env_cfg, s)), s, suite.temperature)
-        if suite.metric not in m:
-            raise ValueError(f"suite metric {suite.metric!r} not reported by env {env_cfg.name!r}; "
+        metric = s.metric or suite.metric
+        if metric not in m:
+            raise ValueError(f"suite metric {metric!r} (set {s.name!r}) not reported by env {env_cfg.name!r}; "
                              f"allowed: {', '.join(sorted(m))}")
         out[s.name] = m
     return out
@@ -182,8 +187,9 @@ def gate_results(suite: Suite, baseline: dict[str, dict], post: dict[str, dict])
     out = []
     for s in suite.sets:
         b, p = baseline[s.name], post[s.name]
-        bv, pv = b[suite.metric], p[suite.metric]
-        out.append(GateResult(s.name, s.dataset, int(p.get("rows", s.n_prompts)), suite.metric, bv, pv, pv - bv,
+        metric = s.metric or suite.metric
+        bv, pv = b[metric], p[metric]
+        out.append(GateResult(s.name, s.dataset, int(p.get("rows", s.n_prompts)), metric, bv, pv, pv - bv,
                               str(s.gate), s.gate.check(bv, pv), b, p))
     return out
 
@@ -228,11 +234,13 @@ def format_gate_table(results: list[GateResult], extra_keys=EXTRA_KEYS) -> str:
     if not results:
         return "(no eval sets)"
     metric = results[0].metric
-    lines = [f"metric: {metric}", "",
-             "| eval | dataset | rows | baseline | post | Δ | gate | result |", "|---|---|---|---|---|---|---|---|"]
+    mixed = len({r.metric for r in results}) > 1  # a set with its own metric: show a metric column
+    head = "| eval | dataset | rows | " + ("metric | " if mixed else "") + "baseline | post | Δ | gate | result |"
+    lines = [f"metric: {metric}" + (" (unless the row says otherwise)" if mixed else ""), "",
+             head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in results:
-        lines.append(f"| {r.name} | {r.dataset or '—'} | {r.rows} | {r.baseline:.4f} | {r.post:.4f} | "
-                     f"{r.delta:+.4f} | {r.gate} | {'pass' if r.passed else 'FAIL'} |")
+        lines.append(f"| {r.name} | {r.dataset or '—'} | {r.rows} | " + (f"{r.metric} | " if mixed else "") +
+                     f"{r.baseline:.4f} | {r.post:.4f} | {r.delta:+.4f} | {r.gate} | {'pass' if r.passed else 'FAIL'} |")
     for key in extra_keys:
         rows = [r for r in results if key in r.baseline_metrics and key in r.post_metrics and key != metric]
         if not rows:
