@@ -91,10 +91,21 @@ def load_run_points(run_dir: str | Path, source: str = "train", kl_unit: str = "
     summary = run_dir / "summary.json"
     if summary.exists():
         name = json.loads(summary.read_text()).get("run_name", name)
-    return {"name": name, "dir": str(run_dir), "step": [int(r["step"]) for r in rows],
+    return {"name": name, "label": _label(run_dir, name), "dir": str(run_dir), "step": [int(r["step"]) for r in rows],
             "kl_token": kl, "kl_seq": kl_seq, "completion_len": col["completion_len"],
             "d": np.sqrt(kl_seq if kl_unit == "sequence" else kl),
             "gold": col["reward/gold"], "proxy": col["reward/proxy"]}
+
+
+def _label(run_dir: Path, name: str) -> str:
+    """A short plot label: "<arm> s<seed>" from config.yaml (run names share long prefixes), else the name."""
+    import yaml
+
+    cfg_path = run_dir / "config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else None
+    if isinstance(cfg, dict) and "arm" in cfg and "seed" in cfg:
+        return f"{cfg['arm']} s{cfg['seed']}"
+    return name[-40:]
 
 
 def _run_result(p: dict, fit_intercept: bool) -> dict:
@@ -149,7 +160,7 @@ def _plot(points: list[dict], runs: dict, pooled: dict, path: Path, kl_unit: str
             fit = runs[p["name"]][f"{key}_fit"]
             grid = np.linspace(0, float(p["d"].max()), 200)
             ax.plot(grid, overopt_curve(grid, fit["alpha"], fit["beta"], fit["y0"]), color=color, lw=2,
-                    label=f"{p['name'][:40]}  (α={fit['alpha']:.3g}, β={fit['beta']:.3g})")
+                    label=f"{p.get('label', p['name'][:40])}  (α={fit['alpha']:.3g}, β={fit['beta']:.3g})")
         if len(points) > 1:
             fit = pooled[f"{key}_fit"]
             grid = np.linspace(0, max(float(p["d"].max()) for p in points), 200)
