@@ -244,19 +244,36 @@ def rlhf(config: Path = typer.Argument(..., help="policy run config with env.nam
 
 
 @app.command()
-def overopt(run_dirs: List[Path] = typer.Argument(..., help="policy runs against a reward model"),
+def overopt(run_dirs: List[Path] = typer.Argument(..., help="policy runs against a reward model, or folders holding them"),
             out: Path = typer.Option(Path("runs/overopt"), help="output directory"),
             source: str = typer.Option("train", help="train | eval: which metrics to fit"),
             kl_unit: str = typer.Option("sequence", help="sequence | token KL for d = sqrt(KL)")):
     """Fit gold = d (alpha - beta log d) over d = sqrt(KL); plot proxy and gold against d."""
     from rhlab.rm.overopt import overopt_report
 
+    from rhlab.report.runs import ReportError, discover_run_dirs
+
     try:
+        run_dirs = discover_run_dirs(run_dirs)  # run directories, or folders holding them (a sweep's output_dir)
         res = overopt_report(run_dirs, out, source=source, kl_unit=kl_unit)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
-    console.print(res["runs"])
-    console.print(f"plot: {out / 'overopt.png'}")
+    table = Table(title=f"gold = y0 + α d − β d ln d per run ({source} metrics, d = sqrt({kl_unit} KL))")
+    for col in ["run", "α", "β", "d* (peak)", "max d", "gold max (step)", "gold final", "over-optimised"]:
+        table.add_column(col)
+    for name, r in res["runs"].items():
+        g = r["gold_fit"]
+        table.add_row(name, f"{g['alpha']:.3g}", f"{g['beta']:.3g}", f"{g['d_peak']:.3g}", f"{r['max_d']:.3g}",
+                      f"{r['gold_max_observed']:.3f} ({r['step_at_gold_max']})", f"{r['final_gold']:.3f}",
+                      "yes" if r["overoptimised"] else "no")
+    console.print(table)
+    from rhlab.rm.overopt import arm_overopt_table
+
+    try:  # by arm over seeds, when the runs carry config.yaml (the trainer's run directories do)
+        console.print(arm_overopt_table(run_dirs), highlight=False)
+    except (AssertionError, ReportError):
+        pass
+    console.print(f"fits: {out / 'overopt.json'}\nplot: {out / 'overopt.png'}")
 
 
 def _pairs(items: List[str], what: str) -> dict:

@@ -149,7 +149,7 @@ def test_overopt_fit_recovers_alpha_beta():
 
 
 def _fake_run(path, alpha, beta, kl_per_token, length=40.0):
-    path.mkdir()
+    path.mkdir(parents=True)
     rows = []
     for step, kl in enumerate(kl_per_token, start=1):
         d = math.sqrt(kl * length)  # per-sequence KL
@@ -200,3 +200,22 @@ def test_arm_overopt_table_by_hand(tmp_path):
     grpo = next(line for line in table.splitlines() if line.startswith("| grpo"))
     assert "| grpo | 2 | " in grpo and "| 2.433 ± 0.100 |" in grpo  # peak: (7/3 + 7/3 + 0.2) / 2, SEM 0.1
     assert "| rloo | 1 |" in table and "1.333 ± —" in table  # one seed: no SEM
+
+
+def test_overopt_cli_takes_a_sweep_folder(tmp_path):
+    """`rhlab overopt FOLDER`: finds the run directories below it, prints the fits and the per-arm table."""
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
+
+    for arm, seed, beta in [("rm_a", 1, 0.5), ("rm_a", 2, 0.4), ("rm_b", 1, 0.1)]:
+        d = _fake_run(tmp_path / "sweep" / f"{arm}_s{seed}", 1.0, beta, np.linspace(0, 1.0, 30))
+        (d / "config.yaml").write_text(yaml.safe_dump({"arm": arm, "seed": seed}))
+        (d / "summary.json").write_text(json.dumps({"status": "complete", "steps": 30}))
+    res = CliRunner().invoke(app, ["overopt", str(tmp_path / "sweep"), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    out = res.output.replace("\n", " ")
+    assert "d ln d per run" in out and "yes" in out and "| rm_a | 2 |" in out and "| rm_b | 1 |" in out
+    assert (tmp_path / "out" / "overopt.png").exists()
+    res = CliRunner().invoke(app, ["overopt", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2 and "does not exist" in res.output
