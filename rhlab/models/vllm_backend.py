@@ -153,11 +153,16 @@ class VLLMSampler:
         for out in outs:
             o = out.outputs[0]
             toks = list(o.token_ids)
-            completions.append(toks)
             if o.logprobs is None:
-                logprobs.append([0.0] * len(toks))
+                lps = [0.0] * len(toks)
             else:  # logprobs=0: each position's dict holds the sampled token (unused by the loss: nan if absent)
-                logprobs.append([float(lp[t].logprob) if lp is not None and t in lp else float("nan")
-                                 for t, lp in zip(toks, o.logprobs)])
+                lps = [float(lp[t].logprob) if lp is not None and t in lp else float("nan")
+                       for t, lp in zip(toks, o.logprobs)]
+            # stopped on EOS but the id not returned (vLLM versions differ): put it back, so the
+            # completion counts as finished, as generate() would count it
+            if o.finish_reason == "stop" and (not toks or toks[-1] != self.eos_id):
+                toks, lps = toks + [self.eos_id], lps + [0.0]
+            completions.append(toks)
+            logprobs.append(lps)
         return rollouts_from_completions(prompts, completions, logprobs, self.eos_id, self.pad_id,
                                          cfg.max_new_tokens)
