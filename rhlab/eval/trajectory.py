@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from rhlab.report.tables import md_table
+
 DEFAULT_KEYS = ("reward_mean", "reward_std", "grad_norm", "entropy", "reward/penalty_rate")
 SPANS = (20, 50)
 
@@ -53,9 +55,6 @@ def format_trajectory(summary: dict, n: int = 20) -> str:
         return "(no trajectory: no metric rows)"
     emas = sorted({k for s in summary.values() for k in s if k.startswith("ema_")}, key=lambda k: int(k[4:]))
     head = ["metric", f"first {n}", f"last {n}", "Δ", *emas]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key, s in summary.items():
-        cells = [key, f"{s['first']:.4f}", f"{s['last']:.4f}", f"{s['delta']:+.4f}",
-                 *(f"{s[e]:.4f}" if e in s else "—" for e in emas)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[key, f"{s['first']:.4f}", f"{s['last']:.4f}", f"{s['delta']:+.4f}",
+             *(f"{s[e]:.4f}" if e in s else "—" for e in emas)] for key, s in summary.items()]
+    return md_table(head, rows)

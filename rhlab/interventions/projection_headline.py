@@ -22,6 +22,7 @@ from rhlab.report.tables import (
     arm_names,
     delta_safepass,
     fmt_stat,
+    md_table,
     mean_sem,
     run_values,
 )
@@ -68,8 +69,7 @@ def headline(paths: list[str | Path], reference: str = "vanilla") -> str:
             s = mean_sem(v[key] for v in mine if key in v)
             cells.append(pct(s.mean, s.sem, s.n) if scale == 100 else fmt_stat(s.mean, s.sem, s.n))
         rows.append(cells)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    return md_table(header, rows)
 
 
 def main(argv: list[str] | None = None) -> None:

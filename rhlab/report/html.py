@@ -14,7 +14,7 @@ from typing import Any
 
 from .hypotheses import HypothesisResult
 from .runs import Run
-from .tables import ArmTable, Delta, fmt_num, fmt_stat, table_rows
+from .tables import ArmTable, Delta, fmt_num, fmt_stat, md_table, table_rows
 
 MAX_PROMPT_CHARS = 800
 MAX_COMPLETION_CHARS = 2000
@@ -99,16 +99,6 @@ def _sample_meta(s: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- Markdown
 
-def _md_cell(c: Any) -> str:
-    return str(c).replace("|", "\\|").replace("\n", " ")
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _md_fence(text: str) -> str:
     """A fenced block whose fence is longer than any backtick run in the text."""
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
@@ -118,13 +108,13 @@ def _md_fence(text: str) -> str:
 
 def render_markdown(c: ReportContent) -> str:
     out = [f"# {c.title}", ""]
-    out += ["## Runs", "", _md_table(*_run_rows(c.runs)), "",
+    out += ["## Runs", "", md_table(*_run_rows(c.runs)), "",
             "Only runs with status `complete` enter the statistics below.", ""]
     out += ["## Final metrics by arm (mean ± SEM over seeds)", "",
-            _md_table(*table_rows(c.table, None, c.metrics)), "",
+            md_table(*table_rows(c.table, None, c.metrics)), "",
             "SEM = std(ddof=1)/sqrt(n); '—' where n < 2.", ""]
     if c.deltas is not None:
-        out += [f"## Δ SafePass vs `{c.reference_arm}`", "", _md_table(*_delta_rows(c)), "",
+        out += [f"## Δ SafePass vs `{c.reference_arm}`", "", md_table(*_delta_rows(c)), "",
                 "SafePass = pass_rate − hack_rate per run; Δ = mean(arm) − mean(reference), "
                 "SEM = sqrt(sem_arm² + sem_ref²).", ""]
     out += _md_hypotheses(c.hypotheses)
@@ -147,7 +137,7 @@ def _md_hypotheses(results: list[HypothesisResult] | None) -> list[str]:
         return out + ["(no hypotheses file given)", ""]
     for h in results:
         out.append(f"- **{h.name}** — {h.verdict.upper()}: {h.claim} (`{h.arm}` vs `{h.reference}`)")
-    return out + ["", _md_table(*_hyp_rows(results)), ""]
+    return out + ["", md_table(*_hyp_rows(results)), ""]
 
 
 # ---------------------------------------------------------------- HTML

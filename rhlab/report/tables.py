@@ -96,6 +96,17 @@ def delta_safepass(runs: list[Run], reference_arm: str) -> dict[str, Delta]:
     return out
 
 
+def md_cell(c) -> str:
+    return str(c).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (cells with "|" escaped)."""
+    lines = ["| " + " | ".join(map(md_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(md_cell, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def fmt_num(x: float) -> str:
     """Compact number: 3 decimals, or 3 significant digits for tiny/huge values."""
     if x is None or not math.isfinite(x):

@@ -202,18 +202,17 @@ def run_curve_stats(run_dir: str | Path, window: int = 5) -> dict:
 def arm_overopt_table(run_dirs: list[str | Path], window: int = 5) -> str:
     """Markdown table, one row per arm (config.yaml's ``arm``), cells mean ± SEM over its complete runs."""
     from rhlab.report.runs import load_runs
-    from rhlab.report.tables import arm_names, fmt_stat, mean_sem
+    from rhlab.report.tables import arm_names, fmt_stat, md_table, mean_sem
 
     runs = [r for r in load_runs(run_dirs) if r.complete]
     assert runs, f"no complete runs under {[str(d) for d in run_dirs]}"
     stats = {id(r): run_curve_stats(r.path, window) for r in runs}
-    header = ["arm", "n"] + ARM_COLUMNS
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for arm in arm_names(runs):
         mine = [stats[id(r)] for r in runs if r.arm == arm]
         cells = [arm, str(len(mine))]
         for col in ARM_COLUMNS:
             s = mean_sem(m[col] for m in mine)
             cells.append(f"{s.mean:.0f}" if col == "peak step" and s.n else fmt_stat(s.mean, s.sem, s.n))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return md_table(["arm", "n"] + ARM_COLUMNS, rows)
