@@ -185,10 +185,9 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
                 probs = filter_logits(scaled / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
             tok = sample_tokens(probs, generator)
             logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
-        live = ~done
-        tokens[live, t] = tok[live]
-        logps[live, t] = logp[live]
-        cmask[live, t] = 1
+        tokens[:, t] = torch.where(done, pad_id, tok)  # finished rows stay padding
+        logps[:, t] = logp.masked_fill(done, 0.0)
+        cmask[:, t] = (~done).long()
         done |= tok == eos_id
         if seen is not None:
             seen[torch.arange(B, device=dev), tok] = True
