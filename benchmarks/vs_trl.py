@@ -5,7 +5,7 @@ tokens per step, beta 0.02, loss grpo, temperature 1; full fine-tuning and LoRA 
 linear layers. Prints median seconds per step after warm-up, the ratio, and the split into
 phases. Needs the optional extra: pip install 'rhlab[trl]'.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 6] [--warmup 2] [--threads 2]
+    .venv/bin/python benchmarks/vs_trl.py [--steps 6] [--warmup 2] [--threads 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -117,28 +117,39 @@ def trl_step_times(lora: bool, steps: int, warmup: int, threads: int, checkpoint
     return out
 
 
+def _median_dicts(ds: list[dict]) -> dict:
+    return {k: statistics.median(d[k] for d in ds) for k in ds[0]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat TRL default / TRL no-ckpt / rhlab this many times, interleaved: a VM whose "
+                         "speed drifts then hits all three alike; the ratio is taken within each round")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads; shape: {SHAPE}; median of {args.steps} steps "
-          f"after {args.warmup} warm-up")
+          f"after {args.warmup} warm-up; {args.rounds} interleaved round(s)")
     rows = []
     for lora in (False, True):
         name = "LoRA r8 all-linear" if lora else "full fine-tune"
-        trl_def = trl_step_times(lora, args.steps, args.warmup, args.threads, checkpointing=True)
-        trl_nock = trl_step_times(lora, args.steps, args.warmup, args.threads, checkpointing=False)
-        ours = rhlab_step_times(lora, args.steps, args.warmup, args.threads)
-        rows.append((name, trl_def, trl_nock, ours))
-    print(f"\n{'setup':<20}{'TRL default':>12}{'TRL no-ckpt':>12}{'rhlab':>8}{'ratio':>8}{'ratio vs no-ckpt':>18}")
-    for name, a, b, c in rows:
+        rounds = []
+        for _ in range(args.rounds):
+            rounds.append((trl_step_times(lora, args.steps, args.warmup, args.threads, checkpointing=True),
+                           trl_step_times(lora, args.steps, args.warmup, args.threads, checkpointing=False),
+                           rhlab_step_times(lora, args.steps, args.warmup, args.threads)))
+        ratios = [a["step"] / c["step"] for a, _, c in rounds]
+        rows.append((name, *(_median_dicts([r[i] for r in rounds]) for i in range(3)), ratios))
+    print(f"\n{'setup':<20}{'TRL default':>12}{'TRL no-ckpt':>12}{'rhlab':>8}{'ratio':>8}{'ratio vs no-ckpt':>18}"
+          + ("   ratio per round" if args.rounds > 1 else ""))
+    for name, a, b, c, ratios in rows:
         print(f"{name:<20}{a['step']:>12.3f}{b['step']:>12.3f}{c['step']:>8.3f}{a['step'] / c['step']:>7.1f}x"
-              f"{b['step'] / c['step']:>17.1f}x")
-    print("\nphases (median seconds per step)")
-    for name, a, b, c in rows:
+              f"{b['step'] / c['step']:>17.1f}x" + ("   " + " ".join(f"{x:.1f}x" for x in ratios) if args.rounds > 1 else ""))
+    print("\nphases (median seconds per step" + (", median over rounds)" if args.rounds > 1 else ")"))
+    for name, a, b, c, _ in rows:
         print(f"  {name}")
         print("    TRL default : " + "  ".join(f"{k} {v:.3f}" for k, v in a.items() if k != "step"))
         print("    TRL no-ckpt : " + "  ".join(f"{k} {v:.3f}" for k, v in b.items() if k != "step"))
