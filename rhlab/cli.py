@@ -343,6 +343,18 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
         raise typer.Exit(1)
 
 
+def _extra_table(name: str, runs_dir: str, reference: Optional[str], out: Path) -> str:
+    """A sweep report's extra table: projection (the seed document's headline) or overopt (proxy vs gold)."""
+    if name == "projection":
+        from rhlab.interventions.projection_headline import headline
+        return headline([runs_dir], reference or "vanilla")
+    from rhlab.report.runs import load_runs
+    from rhlab.rm.overopt import arm_overopt_table, overopt_report
+    dirs = [r.path for r in load_runs([runs_dir]) if r.complete]
+    overopt_report(dirs, out / "overopt")
+    return arm_overopt_table(dirs) + f"\n(fits and plot: {out / 'overopt'})"
+
+
 def _sweep_report(sp, out: Optional[Path]) -> None:
     """The sweep's report: `rhlab report` on its output_dir, plus the extra tables the file asks for."""
     from rhlab.report import ReportError, build_report
@@ -358,15 +370,10 @@ def _sweep_report(sp, out: Optional[Path]) -> None:
     for h in res.get("hypotheses") or []:
         console.print(f"hypothesis {h['name']}: [bold]{h['verdict']}[/]", highlight=False)
     for name in rs.tables:
-        if name == "projection":
-            from rhlab.interventions.projection_headline import headline
-            text = headline([sp.output_dir], rs.reference or "vanilla")
-        else:
-            from rhlab.report.runs import load_runs
-            from rhlab.rm.overopt import arm_overopt_table, overopt_report
-            dirs = [r.path for r in load_runs([sp.output_dir]) if r.complete]
-            overopt_report(dirs, out / "overopt")
-            text = arm_overopt_table(dirs) + f"\n(fits and plot: {out / 'overopt'})"
+        try:
+            text = _extra_table(name, sp.output_dir, rs.reference, out)
+        except (ValueError, FileNotFoundError, AssertionError) as e:
+            _fail(f"report table {name!r}: {e}")
         (out / f"{name}_table.md").write_text(text + "\n")
         console.print(f"\n[bold]{name}[/]\n{text}", highlight=False)
     console.print(f"report: {out / 'report.html'} (Pareto: {out / 'pareto.png'})", highlight=False)

@@ -88,3 +88,6 @@ def test_one_command_runs_the_sweep_then_reports(tmp_path):
     assert (out / "report.html").exists() and (out / "pareto.png").exists()
     res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--no-report"])
     assert res.exit_code == 0 and "skipped" in res.output and "report:" not in res.output
+    _sweep(tmp_path, seeds=[1], report={"out": str(out), "tables": ["overopt"]})  # not a preference sweep
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml")])
+    assert res.exit_code == 2 and "report table 'overopt'" in res.output and "reward/gold" in res.output
