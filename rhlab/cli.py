@@ -108,7 +108,7 @@ def demo(steps: Optional[int] = typer.Option(None, help="override train.steps"),
 @app.command()
 def train(config: Path = typer.Argument(..., help="run config YAML"),
           overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides")):
-    """Train one run from a config, e.g. `rhlab train configs/demo.yaml train.lr=3e-4 seed=1`."""
+    """Train one run from a config, e.g. `rhlab train configs/happy_vanilla.yaml train.lr=3e-4 seed=1`."""
     _run(_load(config, overrides or []))
 
 
