@@ -111,6 +111,9 @@ class TrainConfig(Section):
     beta: float = Field(0.02, ge=0)  # k3 KL to the frozen reference
     scale_rewards: Literal["group", "batch", "none"] = "group"
     mask_truncated_completions: bool = False
+    # log-prob passes (policy, reference): packed = padding-free, each distinct prompt once (LLaMA models,
+    # rhlab/models/packed.py); hf = the transformers forward on the padded batch; auto = packed when it applies
+    logprob_backend: Literal["auto", "packed", "hf"] = "auto"
 
     @model_validator(mode="after")
     def _check(self):

@@ -31,6 +31,7 @@ from rhlab.interventions.base import build_intervention
 from rhlab.models import checkpoint as ckpt
 from rhlab.models.loading import encode_prompts, load_model, resolve_device
 from rhlab.models.fast_llama import policy_logits
+from rhlab.models.packed import packed_logprobs, supports_packed
 from rhlab.models.sampler import Rollouts, SamplingConfig, generate
 from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
 
@@ -49,12 +50,23 @@ class Batch:
 
 
 def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool = False,
-                      vocab_limit: int | None = None):
+                      vocab_limit: int | None = None, backend: str = "auto"):
     """Per-token log p(completion token) under softmax(logits / temperature): [B, T] (+ entropy).
 
     The policy's support is the tokenizer's vocabulary (vocab_limit): logits are computed only
     for completion positions and only for those rows of the output layer (see policy_logits).
+    backend: packed (padding-free, LLaMA models: rhlab/models/packed.py; 0 at masked positions),
+    hf (transformers forward on the padded batch), auto (packed when the model allows it).
     """
+    if backend not in ("auto", "packed", "hf"):
+        raise ValueError(f"logprob backend: unknown {backend!r}; allowed: auto, packed, hf")
+    if backend != "hf":
+        if supports_packed(model):
+            return packed_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
+                                   temperature, with_entropy, vocab_limit)
+        if backend == "packed":
+            raise ValueError("train.logprob_backend=packed needs a LLaMA-architecture model (static RoPE, no "
+                             "biases, SiLU MLP, no attention dropout); use auto or hf")
     ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
     attn = torch.cat([r.prompt_mask, r.completion_mask], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -154,9 +166,13 @@ class Trainer:
     @torch.no_grad()
     def ref_logprobs(self, r: Rollouts) -> torch.Tensor:
         if self.ref is not None:
-            return sequence_logprobs(self.ref, r, self.sampling.temperature, vocab_limit=self.vocab_limit)[0]
+            return self.logprobs(self.ref, r)[0]
         with self.model.disable_adapter():
-            return sequence_logprobs(self.model, r, self.sampling.temperature, vocab_limit=self.vocab_limit)[0]
+            return self.logprobs(self.model, r)[0]
+
+    def logprobs(self, model, r: Rollouts, with_entropy: bool = False):
+        return sequence_logprobs(model, r, self.sampling.temperature, with_entropy, self.vocab_limit,
+                                 self.cfg.train.logprob_backend)
 
     def advantages(self, batch: Batch) -> torch.Tensor:
         t = self.cfg.train
@@ -208,8 +224,7 @@ class Trainer:
                 norm = Norm(len(r), total_tokens, float(mask[idx].sum()), n_micro, self.sampling.max_new_tokens)
                 for gidx, ctx in self.intervention.backward_groups(self, batch, idx):
                     t0 = time.perf_counter()
-                    logp, ent = sequence_logprobs(self.model, r.select(gidx), self.sampling.temperature,
-                                                  with_entropy=it == 0, vocab_limit=self.vocab_limit)
+                    logp, ent = self.logprobs(self.model, r.select(gidx), with_entropy=it == 0)
                     if it == 0:  # the policy has not moved yet: these are the old log-probs
                         old[gidx] = logp.detach()
                     timings["logprobs"] += time.perf_counter() - t0
@@ -286,8 +301,7 @@ class Trainer:
              "completion_len": float(r.completion_mask.sum(1).float().mean()), **diversity(texts)}
         if self.need_ref:
             mask = r.completion_mask.float()
-            kl = k3_kl(sequence_logprobs(self.model, r, self.sampling.temperature, vocab_limit=self.vocab_limit)[0],
-                       self.ref_logprobs(r))
+            kl = k3_kl(self.logprobs(self.model, r)[0], self.ref_logprobs(r))
             m["kl"] = float((kl * mask).sum() / mask.sum())
         samples = [{"prompt": p, "completion": c, "reward": rw, "task_score": ts, "hack": h}
                    for p, c, rw, ts, h in zip(prompts, texts, scores.reward, scores.task_score, scores.hack)]

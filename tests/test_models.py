@@ -335,7 +335,7 @@ def test_step_pieces_stay_on_the_model_device(builtin, monkeypatch):
     B, T = 4, 6
     comp, cm = torch.ones(B, T, dtype=torch.long, device=D), torch.ones(B, T, dtype=torch.long, device=D)
     r = Rollouts(ids, mask, comp, cm, torch.zeros(B, dtype=torch.bool, device=D), torch.zeros(B, T, device=D))
-    logp, ent = sequence_logprobs(model, r, 0.9, with_entropy=True, vocab_limit=V)
+    logp, ent = sequence_logprobs(model, r, 0.9, with_entropy=True, vocab_limit=V, backend="hf")  # packed: data-dependent layout
     assert logp.device == ent.device == D
     all_ids, attn = torch.cat([ids, comp], 1), torch.cat([mask, cm], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -367,9 +367,9 @@ def test_step_pieces_stay_on_the_model_device(builtin, monkeypatch):
     install(dual, list(ALL_LINEAR), None, 2, 4, 2, 4)
     for m in (lora, dual):
         assert all(p.device == D for p in m.parameters())
-        sequence_logprobs(m, r, 1.0, vocab_limit=V)[0].sum().backward()
+        sequence_logprobs(m, r, 1.0, vocab_limit=V, backend="hf")[0].sum().backward()
     with lora.disable_adapter():  # the LoRA reference
-        sequence_logprobs(lora, r, 1.0, vocab_limit=V)
+        sequence_logprobs(lora, r, 1.0, vocab_limit=V, backend="hf")
     with grad_mask(dual, retain=0):
-        sequence_logprobs(dual, r, 1.0, vocab_limit=V)[0].sum().backward()
+        sequence_logprobs(dual, r, 1.0, vocab_limit=V, backend="hf")[0].sum().backward()
     assert all(v.device == D for v in merged_state_dict(model).values())
