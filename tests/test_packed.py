@@ -164,3 +164,23 @@ def test_backend_choice_fails_loudly(builtin, rollouts):
         sequence_logprobs(builtin[0], rollouts, 1.0, backend="fast")
     auto, _ = sequence_logprobs(Bare(builtin[0]), rollouts, 1.0, vocab_limit=len(builtin[1]))  # auto falls back
     assert torch.isfinite(auto).all()
+
+
+def test_fast_lora_path_applies_only_to_plain_lora(builtin):
+    """The packed pass and the sampler fold a peft LoRA layer only when its forward is base + B A x * scaling."""
+    from rhlab.config import LoraSpec
+    from rhlab.models.checkpoint import add_lora
+    from rhlab.models.fast_llama import peft_lora_parts
+
+    model = add_lora(copy.deepcopy(builtin[0]), LoraSpec(enabled=True, r=4, alpha=16))
+    q = model.get_base_model().model.layers[0].self_attn.q_proj
+    base, adapters = peft_lora_parts(q)
+    assert base is q.base_layer and len(adapters) == 1 and adapters[0][2] == 4.0
+    with model.disable_adapter():
+        assert peft_lora_parts(q) is None  # the reference: the base layer alone (packed unwraps it)
+    drop = add_lora(copy.deepcopy(builtin[0]), LoraSpec(enabled=True, r=4, dropout=0.1)).train()
+    q = drop.get_base_model().model.layers[0].self_attn.q_proj
+    assert peft_lora_parts(q) is None  # active dropout: the module itself is called
+    drop.eval()
+    assert peft_lora_parts(q) is not None
+    assert peft_lora_parts(builtin[0].model.layers[0].self_attn.q_proj) is None  # a plain Linear

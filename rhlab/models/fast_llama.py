@@ -44,15 +44,45 @@ def _in_features(m) -> int | None:
     return None
 
 
+def peft_lora_parts(m: nn.Module) -> tuple[nn.Linear, list[tuple[torch.Tensor, torch.Tensor, float]]] | None:
+    """(base layer, [(A, B, scaling) per active adapter]) for a peft LoRA Linear whose forward is exactly
+    base(x) + sum B(A(x)) * scaling: plain LoRA (no DoRA or other variant), not merged, dropout
+    inactive, no LoRA bias, one dtype. None for anything else (then callers use the module itself)."""
+    base = getattr(m, "base_layer", None)
+    if type(base) is not nn.Linear or not all(hasattr(m, a) for a in ("lora_A", "lora_B", "scaling", "lora_variant")):
+        return None
+    if getattr(m, "merged", True) or getattr(m, "disable_adapters", True):
+        return None
+    out = []
+    for name in m.active_adapters:
+        if name not in m.lora_A:
+            continue
+        A, B, drop = m.lora_A[name], m.lora_B[name], m.lora_dropout[name]
+        if (name in m.lora_variant or type(A) is not nn.Linear or type(B) is not nn.Linear or B.bias is not None
+                or A.bias is not None or (drop.training and getattr(drop, "p", 0) > 0)
+                or A.weight.dtype != base.weight.dtype):
+            return None
+        out.append((A.weight, B.weight, float(m.scaling[name])))
+    return base, out
+
+
 @torch.no_grad()
 def effective_linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(W, b) with m(x) == x @ W.T + b for a linear layer or any adapter around one.
 
-    A plain nn.Linear gives its own tensors. Anything else must be affine in x (LoRA, dual LoRA,
-    SVD adapter, in eval mode): its weight is read off by probing it with the identity and zero,
-    W.T = m(I) - m(0), b = m(0) — exact up to float rounding, and one small matmul per layer."""
+    A plain nn.Linear gives its own tensors; a plain peft LoRA layer W + scaling * B @ A. Anything
+    else must be affine in x (dual LoRA, SVD adapter, in eval mode): its weight is read off by
+    probing it with the identity and zero, W.T = m(I) - m(0), b = m(0) — exact up to float
+    rounding, and one small matmul per layer."""
     if type(m) is nn.Linear:
         return m.weight, m.bias
+    lora = peft_lora_parts(m)
+    if lora is not None:
+        base, adapters = lora
+        W = base.weight
+        for A, B, scale in adapters:
+            W = W + (B * scale) @ A
+        return W, base.bias
     assert not any(x.training and isinstance(x, nn.Dropout) and x.p > 0 for x in m.modules()), \
         f"{type(m).__name__}: active dropout; put the model in eval mode before sampling"
     d_in = _in_features(m)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rhlab.models.fast_llama import _core, _head, _rms, supports
+from rhlab.models.fast_llama import _core, _head, _rms, peft_lora_parts, supports
 
 
 def supports_packed(model) -> bool:
@@ -83,11 +83,27 @@ def build_layout(prompt_ids, prompt_mask, completion_ids, completion_mask, dtype
     return Layout(ids, pos, prompt_slots, compl_slots, bias, back, pred_src, pred, cm)
 
 
+def _unwrap(m: nn.Module) -> nn.Module:
+    """A peft LoRA layer inside disable_adapter() (the LoRA reference) computes its base layer alone."""
+    while getattr(m, "disable_adapters", False) is True and not getattr(m, "merged", True) \
+            and isinstance(getattr(m, "base_layer", None), nn.Module):
+        m = m.base_layer
+    return m
+
+
 def _linear(mods: list[nn.Module], h: torch.Tensor) -> torch.Tensor:
-    """Several projections of the same input in one matmul when they are plain Linear layers
-    (the weight concatenation is differentiable); adapters are called as modules."""
+    """Several projections of the same input: plain Linear layers in one matmul (the weight
+    concatenation is differentiable); plain peft LoRA layers as that matmul on their base weights
+    plus two for all their adapters (A stacked, B block-diagonal, scaling folded into B); any other
+    adapter (dual LoRA, SVD, LoRA with active dropout) called as a module."""
+    mods = [_unwrap(m) for m in mods]
     if all(type(m) is nn.Linear and m.bias is None for m in mods):
         return F.linear(h, torch.cat([m.weight for m in mods]) if len(mods) > 1 else mods[0].weight)
+    parts = [peft_lora_parts(m) for m in mods]
+    if all(p is not None and p[0].bias is None and len(p[1]) == 1 for p in parts):
+        out = F.linear(h, torch.cat([base.weight for base, _ in parts]))
+        t = F.linear(h, torch.cat([ad[0][0] for _, ad in parts]))
+        return out + F.linear(t, torch.block_diag(*[ad[0][1] * ad[0][2] for _, ad in parts]))
     return torch.cat([m(h) for m in mods], -1)
 
 
