@@ -108,7 +108,9 @@ class Trainer:
         self.model.to(self.device)  # a no-op unless the intervention built something off the device
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         assert self.params, "no trainable parameters"
-        self.opt = torch.optim.AdamW(self.params, lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay)
+        # fused: one kernel per parameter instead of ~10 (1.5 vs 6 ms a step for the built-in model on 2 cores)
+        self.opt = torch.optim.AdamW(self.params, lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay,
+                                     fused=self.device.type in ("cpu", "cuda"))
         self.total_updates = t.steps * t.num_iterations
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_lambda)
         self.sampling = SamplingConfig(**cfg.sampling.model_dump())

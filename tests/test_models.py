@@ -71,6 +71,30 @@ def test_sampler_logprobs_match_full_forward(builtin):
     torch.testing.assert_close(full[m], r.logprobs[m], atol=1e-4, rtol=1e-3)  # fp32 cache vs full pass
 
 
+def test_finished_rows_leave_the_batch_without_changing_samples(builtin, monkeypatch):
+    """The fast decoder compacts its cache to the rows still decoding; samples stay those of the full batch."""
+    import rhlab.models.sampler as sm
+
+    model, tok = builtin
+    sizes = []
+    step = sm._FastDecoder.step
+
+    def spy(self, *a):
+        out = step(self, *a)
+        sizes.append(len(self.rows))
+        return out
+
+    monkeypatch.setattr(sm._FastDecoder, "step", spy)
+    a = _gen(model, tok, PROMPTS * 4, seed=2, max_new_tokens=80)
+    assert min(sizes) < 8 and sizes[0] == 8  # rows did leave
+    monkeypatch.setattr(sm._FastDecoder, "COMPACT_AT", 0.0)  # never compact
+    sizes.clear()
+    b = _gen(model, tok, PROMPTS * 4, seed=2, max_new_tokens=80)
+    assert set(sizes) == {8}
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
+
+
 def test_left_padding_does_not_change_samples(builtin):
     """Greedy continuation of a short prompt is the same alone and next to a longer prompt."""
     model, tok = builtin

@@ -246,6 +246,14 @@ class LlamaRunner:
         return logits[inverse]
 
     @torch.no_grad()
+    def keep_rows(self, idx: torch.Tensor) -> None:
+        """Move cache rows idx (sorted) to the front: later calls with B = len(idx) continue those rows."""
+        n = len(idx)
+        for buf in (self.k, self.v):
+            buf[:, :n] = buf[:, idx]
+        self.pad_bias[:n] = self.pad_bias[idx]
+
+    @torch.no_grad()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, visible: torch.Tensor | None = None):
         """Run L new tokens of the first B cache rows into slots [start, start + L); last-position logits.
 

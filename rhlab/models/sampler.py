@@ -102,7 +102,7 @@ class _HFDecoder:
                          use_cache=True)
         return out.logits[:, -1].float()
 
-    def step(self, tok, pos, t):
+    def step(self, tok, pos, t, active):
         self.attn = torch.cat([self.attn, torch.ones((tok.shape[0], 1), dtype=self.attn.dtype,
                                                      device=self.attn.device)], dim=1)
         out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos,
@@ -111,19 +111,34 @@ class _HFDecoder:
 
 
 class _FastDecoder:
-    """LLaMA models: static KV cache, no transformers overhead per token (rhlab/models/fast_llama.py)."""
+    """LLaMA models: static KV cache, no transformers overhead per token (rhlab/models/fast_llama.py).
+
+    Finished rows leave the batch: once a quarter of the rows still decoding have ended, the cache
+    is compacted to the active rows, so the remaining steps compute only those (completions end at
+    different lengths; the longest one sets the number of steps). Finished rows get zero logits,
+    which generate() ignores."""
+
+    COMPACT_AT = 0.75  # compact when active rows <= this share of the rows in the cache
 
     def __init__(self, model, ids, mask, pos, max_new: int, vocab_limit: int | None):
         from rhlab.models.fast_llama import LlamaRunner
 
         self.runner = LlamaRunner(model, ids.shape[0], ids.shape[1] + max_new, vocab_limit)
         self.P = ids.shape[1]
+        self.rows = torch.arange(ids.shape[0], device=ids.device)  # original row of each cache row
 
     def prefill(self, ids, mask, pos):
         return self.runner.prefill(ids, pos, mask).float()
 
-    def step(self, tok, pos, t):
-        return self.runner.forward(tok[:, None], pos, self.P + t).float()
+    def step(self, tok, pos, t, active):
+        if int(active.sum()) <= self.COMPACT_AT * len(self.rows):
+            keep = active.nonzero().squeeze(1)  # sorted, a subset of self.rows
+            self.runner.keep_rows(torch.searchsorted(self.rows, keep))
+            self.rows = keep
+        logits = self.runner.forward(tok[self.rows, None], pos[self.rows], self.P + t).float()
+        if len(self.rows) == len(tok):
+            return logits
+        return logits.new_zeros(len(tok), logits.shape[1]).index_copy_(0, self.rows, logits)
 
 
 BACKENDS = ("auto", "fast", "hf")
@@ -194,6 +209,6 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, 
         if bool(done.all()) or t == T - 1:
             break
         step_in = torch.where(done, torch.full_like(tok, pad_id), tok)
-        logits = dec.step(step_in, next_pos, t)
+        logits = dec.step(step_in, next_pos, t, ~done)
         next_pos = next_pos + 1
     return Rollouts(ids, mask, tokens, cmask, ~done, logps)
