@@ -71,6 +71,16 @@ def test_sampler_logprobs_match_full_forward(builtin):
     torch.testing.assert_close(full[m], r.logprobs[m], atol=1e-4, rtol=1e-3)  # fp32 cache vs full pass
 
 
+def test_rollouts_are_ordinary_tensors(builtin):
+    """generate() decodes in inference mode but returns tensors that autograd may save (index, multiply)."""
+    model, tok = builtin
+    r = _gen(model, tok, PROMPTS, max_new_tokens=6)
+    assert not any(getattr(r, f).is_inference() for f in r.__dataclass_fields__)
+    w = torch.ones(len(tok), requires_grad=True)
+    (w[r.completion_ids] * r.logprobs).sum().backward()
+    assert w.grad.sum() != 0
+
+
 def test_finished_rows_leave_the_batch_without_changing_samples(builtin, monkeypatch):
     """The fast decoder compacts its cache to the rows still decoding; samples stay those of the full batch."""
     import rhlab.models.sampler as sm
