@@ -165,12 +165,14 @@ class Trainer:
                                       skip_special_tokens=True)
         return r, texts
 
-    @torch.no_grad()
     def ref_logprobs(self, r: Rollouts) -> torch.Tensor:
-        if self.ref is not None:
-            return self.logprobs(self.ref, r)[0]
-        with self.model.disable_adapter():
-            return self.logprobs(self.model, r)[0]
+        with torch.inference_mode():  # less per-op bookkeeping than no_grad; the clone is an ordinary tensor
+            if self.ref is not None:
+                out = self.logprobs(self.ref, r)[0]
+            else:
+                with self.model.disable_adapter():
+                    out = self.logprobs(self.model, r)[0]
+        return out.clone()
 
     def logprobs(self, model, r: Rollouts, with_entropy: bool = False):
         return sequence_logprobs(model, r, self.sampling.temperature, with_entropy, self.vocab_limit,
