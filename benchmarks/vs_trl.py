@@ -142,14 +142,18 @@ def main():
                            trl_step_times(lora, args.steps, args.warmup, args.threads, checkpointing=False),
                            rhlab_step_times(lora, args.steps, args.warmup, args.threads)))
         ratios = [a["step"] / c["step"] for a, _, c in rounds]
-        rows.append((name, *(_median_dicts([r[i] for r in rounds]) for i in range(3)), ratios))
+        ratios_nc = [b["step"] / c["step"] for _, b, c in rounds]
+        rows.append((name, *(_median_dicts([r[i] for r in rounds]) for i in range(3)), ratios, ratios_nc))
+    # the ratio is paired: TRL / rhlab within each round (measured minutes apart), then the median over
+    # rounds; a ratio of the medians would pair a fast round of one with a slow round of the other
     print(f"\n{'setup':<20}{'TRL default':>12}{'TRL no-ckpt':>12}{'rhlab':>8}{'ratio':>8}{'ratio vs no-ckpt':>18}"
           + ("   ratio per round" if args.rounds > 1 else ""))
-    for name, a, b, c, ratios in rows:
-        print(f"{name:<20}{a['step']:>12.3f}{b['step']:>12.3f}{c['step']:>8.3f}{a['step'] / c['step']:>7.1f}x"
-              f"{b['step'] / c['step']:>17.1f}x" + ("   " + " ".join(f"{x:.1f}x" for x in ratios) if args.rounds > 1 else ""))
+    for name, a, b, c, ratios, ratios_nc in rows:
+        print(f"{name:<20}{a['step']:>12.3f}{b['step']:>12.3f}{c['step']:>8.3f}{statistics.median(ratios):>7.1f}x"
+              f"{statistics.median(ratios_nc):>17.1f}x"
+              + ("   " + " ".join(f"{x:.1f}x" for x in ratios) if args.rounds > 1 else ""))
     print("\nphases (median seconds per step" + (", median over rounds)" if args.rounds > 1 else ")"))
-    for name, a, b, c, _ in rows:
+    for name, a, b, c, *_ in rows:
         print(f"  {name}")
         print("    TRL default : " + "  ".join(f"{k} {v:.3f}" for k, v in a.items() if k != "step"))
         print("    TRL no-ckpt : " + "  ".join(f"{k} {v:.3f}" for k, v in b.items() if k != "step"))
