@@ -175,6 +175,21 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def rope_cos_sin(rotary_emb, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [*pos.shape, head_dim] as transformers' LlamaRotaryEmbedding computes them (position *
+    inv_freq in float32, cos/sin times attention_scaling, then the model's dtype)."""
+    freqs = pos.float()[..., None] * rotary_emb.inv_freq.float().to(pos.device)
+    emb = torch.cat((freqs, freqs), -1)
+    scale = float(rotary_emb.attention_scaling)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in transformers' rotate-half layout."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
 def _cat(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
     ws, bs = zip(*parts)
     bias = None if all(b is None for b in bs) else torch.cat(
@@ -205,15 +220,10 @@ class LlamaRunner:
         W, b = effective_linear(core.lm_head)
         n = W.shape[0] if vocab_limit is None else min(vocab_limit, W.shape[0])
         self.head = (W[:n], None if b is None else b[:n])
-        rot = core.model.rotary_emb
         p = next(core.parameters())
         self.dtype = p.dtype
-        # RoPE tables for every position the cache can hold, computed as transformers does per call
-        # (position * inv_freq, then cos/sin * scale): indexing them is exact and saves ~10 ops a step
-        freqs = torch.arange(max_len, device=p.device).float()[:, None] * rot.inv_freq.float().to(p.device)
-        emb = torch.cat((freqs, freqs), -1)
-        scale = float(rot.attention_scaling)
-        self.cos, self.sin = (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
+        # RoPE tables for every position the cache can hold: indexing them is exact and saves ~10 ops a step
+        self.cos, self.sin = rope_cos_sin(core.model.rotary_emb, torch.arange(max_len, device=p.device), self.dtype)
         shape = (len(self.layers), batch, self.kv, max_len, self.hd)
         self.k = torch.zeros(shape, dtype=self.dtype, device=p.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=p.device)
@@ -222,11 +232,6 @@ class LlamaRunner:
 
     def _rope(self, pos: torch.Tensor):
         return self.cos[pos][:, None], self.sin[pos][:, None]
-
-    @staticmethod
-    def _rotate(x, cos, sin):
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -277,7 +282,7 @@ class LlamaRunner:
         for i, (w_in, qkv, o, w_post, gate_up, down) in enumerate(self.layers):
             qk, v = F.linear(_rms(x, w_in, self.eps), *qkv).split((nq + nkv, nkv), -1)
             # q and k heads rotated in one pass (same cos/sin per position)
-            q, k = self._rotate(qk.view(B, L, self.h + self.kv, self.hd).transpose(1, 2), cos, sin).split(
+            q, k = rotate(qk.view(B, L, self.h + self.kv, self.hd).transpose(1, 2), cos, sin).split(
                 (self.h, self.kv), 1)
             self.k[i, :B, :, start:end] = k
             self.v[i, :B, :, start:end] = v.view(B, L, self.kv, self.hd).transpose(1, 2)

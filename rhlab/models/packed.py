@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rhlab.models.fast_llama import _core, _head, _rms, peft_lora_parts, supports
+from rhlab.models.fast_llama import _core, _head, _rms, peft_lora_parts, rope_cos_sin, rotate, supports
 
 
 def supports_packed(model) -> bool:
@@ -107,11 +107,6 @@ def _linear(mods: list[nn.Module], h: torch.Tensor) -> torch.Tensor:
     return torch.cat([m(h) for m in mods], -1)
 
 
-def _rotate(x, cos, sin):
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
-
-
 def packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float,
                     with_entropy: bool = False, vocab_limit: int | None = None):
     """Per-token log p(completion token) under softmax(logits / temperature) over the first vocab_limit
@@ -125,18 +120,14 @@ def packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_m
     lay = build_layout(prompt_ids, prompt_mask, completion_ids, completion_mask, dtype)
     B, P = prompt_ids.shape
     U, Tc = lay.prompt_slots.shape[0], lay.compl_bias.shape[2]
-    rot = base.rotary_emb
-    freqs = lay.pos.float()[:, None] * rot.inv_freq.float()  # as transformers: float32, then cast
-    emb = torch.cat((freqs, freqs), -1)
-    cos = (emb.cos() * rot.attention_scaling).to(dtype)[:, None]
-    sin = (emb.sin() * rot.attention_scaling).to(dtype)[:, None]
+    cos, sin = (t[:, None] for t in rope_cos_sin(base.rotary_emb, lay.pos, dtype))
     gqa = H != KV
     x = base.embed_tokens(lay.ids)
     for layer in base.layers:
         att, mlp = layer.self_attn, layer.mlp
         qkv = _linear([att.q_proj, att.k_proj, att.v_proj], _rms(x, layer.input_layernorm.weight, eps))
         qk, v = qkv.split(((H + KV) * hd, KV * hd), -1)
-        qk = _rotate(qk.view(-1, H + KV, hd), cos, sin).flatten(1)
+        qk = rotate(qk.view(-1, H + KV, hd), cos, sin).flatten(1)
         qkv = torch.cat([qk, v], -1)
         q, k, v = _heads(_rows(qkv, lay.prompt_slots), H, KV, hd)
         outs = [F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).transpose(1, 2)
