@@ -16,17 +16,22 @@ $(VENV)/.dev: $(VENV)/.base
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
-.PHONY: demo test bench chromium
+.PHONY: demo test bench chromium bubblewrap
+
+# bubblewrap: the OS isolation every run of model-written code uses (Debian package; needs root)
+bubblewrap:
+	@command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq bubblewrap >/dev/null) || (echo "ERROR: could not install bubblewrap (apt-get install bubblewrap)"; exit 1)
 
 # headless Chromium for the HTML-report screenshot test (Debian package; needs root)
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq chromium >/dev/null) || echo "WARNING: could not install chromium; the report screenshot test will be skipped"
 
-demo: $(VENV)/.base
+demo: $(VENV)/.base bubblewrap
 	$(BIN)/rhlab demo
 
-test: $(VENV)/.dev chromium
+test: $(VENV)/.dev chromium bubblewrap
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.base

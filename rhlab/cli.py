@@ -189,17 +189,19 @@ def grade(problems: Path = typer.Argument(..., help="problems JSONL (rl-rewardha
           variant: str = typer.Option("loophole", help="prompt variant the completions answered"),
           out: Optional[Path] = typer.Option(None, help="graded JSONL (default: COMPLETIONS.graded.jsonl)"),
           workers: Optional[int] = typer.Option(None, help="parallel sandboxes (default: one per core)"),
-          timeout: float = typer.Option(3.0, help="seconds per program")):
+          timeout: float = typer.Option(3.0, help="CPU seconds per program (a problem's own timeout_s raises it)"),
+          isolation: str = typer.Option("bwrap", help="bwrap (OS isolation) or process (no isolation; warns)")):
     """Grade code completions offline in the sandbox: compile, ground truth, own run_tests, hack labels."""
     from rhlab.envs.code.grading import format_summary, grade_files
+    from rhlab.envs.code.isolation import IsolationUnavailable
 
     for p in (problems, completions):
         if not p.exists():
             _fail(f"file not found: {p}")
     out = out or completions.with_suffix(".graded.jsonl")
     try:
-        summary = grade_files(problems, completions, variant, out, workers, timeout_s=timeout)
-    except (ValueError, KeyError) as e:
+        summary = grade_files(problems, completions, variant, out, workers, timeout_s=timeout, isolation=isolation)
+    except (ValueError, KeyError, IsolationUnavailable) as e:
         _fail(str(e))
     console.print(format_summary(summary), highlight=False)
     console.print(f"graded: {out}")

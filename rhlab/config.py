@@ -148,6 +148,12 @@ class LogConfig(Section):
     suite: Optional[str] = None  # evaluation-suite YAML run after training (rhlab/eval/suites.py); gate table printed
 
 
+class SandboxConfig(Section):
+    isolation: Literal["bwrap", "process"] = Field(
+        "bwrap", description="how model-written code is isolated: bwrap (namespaces, see docs/code_env.md) "
+                             "or process (a separate interpreter only; prints a warning on every use)")
+
+
 class RunConfig(Section):
     seed: int = 42
     arm: str = "vanilla"
@@ -160,6 +166,7 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     intervention: InterventionSpec = Field(default_factory=InterventionSpec)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     def dump(self) -> dict:
         return self.model_dump(mode="json")

@@ -26,6 +26,7 @@ from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advanta
 from rhlab.algos.losses import Norm, k3_kl, policy_loss
 from rhlab.config import ConfigError, RunConfig, run_name
 from rhlab.envs.base import Scores, build_env
+from rhlab.envs.code.sandbox import set_default_isolation
 from rhlab.eval.diversity import diversity
 from rhlab.interventions.base import build_intervention
 from rhlab.models import checkpoint as ckpt
@@ -101,6 +102,7 @@ class Trainer:
         self.ref = None
         if self.need_ref and not cfg.model.lora.enabled:
             self.ref = copy.deepcopy(self.model).requires_grad_(False).eval()
+        set_default_isolation(cfg.sandbox.isolation)   # every sandbox run of this process
         self.env = build_env(cfg.env)
         self.intervention = build_intervention(cfg.intervention)
         # e.g. installs dual or SVD adapters; the reference above was copied before, so it stays the base

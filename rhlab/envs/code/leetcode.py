@@ -46,6 +46,7 @@ class CodeProblem:
     setup_code: str             # imports and ListNode/TreeNode helpers, run before the solution
     canonical_solution: str
     starter_code: str = ""
+    timeout_s: float | None = None   # CPU seconds per program for this problem (raises the grader's limit)
     meta: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -88,6 +89,9 @@ def problem_from_row(row: dict, where: str = "row") -> CodeProblem:
         pid = int(row["id"])
     except (TypeError, ValueError):
         raise ValueError(f"{where}: key 'id' must be an integer, got {row['id']!r}") from None
+    timeout = row.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"{where}: key 'timeout_s' must be a positive number of CPU seconds, got {timeout!r}")
     meta = row.get("prompt_metadata") or {}
     if not isinstance(meta, dict):
         raise ValueError(f"{where}: key 'prompt_metadata' must be an object")
@@ -96,7 +100,7 @@ def problem_from_row(row: dict, where: str = "row") -> CodeProblem:
         system_prompt=prompt[0]["content"], user_prompt=prompt[1]["content"],
         gt_tests=tuple(tests), func_name=row["func_name"], setup_code=row["setup_code"],
         canonical_solution=row["canonical_solution"], starter_code=str(meta.get("starter_code") or ""),
-        meta=meta)
+        timeout_s=None if timeout is None else float(timeout), meta=meta)
 
 
 def iter_jsonl(path: str | Path):

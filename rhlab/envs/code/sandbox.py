@@ -36,21 +36,36 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence, Union
 
-STATUSES = ("passed", "failed", "timeout", "killed", "syntax_error", "error")
+from .isolation import IsolationUnavailable, bwrap_command, check_isolation, child_env, popen_user, probe
 
-# The child's whole environment: nothing leaks from the parent (tokens, proxies, CUDA vars...).
-# PYTHONHASHSEED is honoured because we do not pass -E/-I; it makes set/dict-of-str order,
-# and hence some programs' outputs, reproducible run to run.
-_CHILD_ENV = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+STATUSES = ("passed", "failed", "timeout", "killed", "syntax_error", "error")
 
 # -S no site, -s no user site, -P no script dir / cwd on sys.path, -B no .pyc writes, -u unbuffered
 # so that a program's prints are not lost when it is killed.
 _PY_FLAGS = ("-S", "-s", "-P", "-B", "-u")
 
 _READ_CHUNK = 1 << 16
-_MAX_RECORD_BYTES = 64 << 20  # more result bytes than this is an attack or a bug: fail the run
+_MAX_RECORD_BYTES = 16 << 20  # more result bytes than this is an attack or a bug: fail the run
+_MAX_LINE_BYTES = 4 << 20     # one test's reply
+# The time limit is CPU seconds (RLIMIT_CPU, so a verdict does not depend on machine load); the
+# wall clock only backs it up, for programs that sleep or block: WALL_FACTOR * limit + WALL_SLACK_S.
+WALL_FACTOR, WALL_SLACK_S = 2.0, 5.0
+_CPU_SIGNALS = (signal.SIGXCPU, signal.SIGKILL)   # what RLIMIT_CPU sends
+
+_default_isolation: str = "bwrap"
+
+
+def set_default_isolation(value: str) -> None:
+    """The isolation of runs that do not name one (a run config's sandbox.isolation sets it)."""
+    global _default_isolation
+    _default_isolation = check_isolation(value)
+
+
+def default_isolation() -> str:
+    return _default_isolation
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,32 +222,114 @@ class _Tree:
     preorder: tuple  # ("V", val) per node and ("N",) per missing child
 
 
-def _decode(x: Any) -> Any:
+class _Mismatch(Exception):
+    """The reply cannot equal the expected value (or is malformed, too large or too deep)."""
+
+
+_MAX_NODES = 2_000_000   # JSON nodes one reply may make the parent look at
+
+
+def _leaf(x: Any) -> Any:
+    """A scalar of the child's encoding as a Python value; _Mismatch for anything else."""
     if x is None or type(x) in (bool, int, str):
         return x
-    if type(x) is list:
-        return [_decode(v) for v in x]
     if type(x) is dict and len(x) == 1:
         (tag, v), = x.items()
-        if tag == "f":
-            return float(v)
-        if tag == "t":
-            return tuple(_decode(e) for e in v)
-        if tag == "s":
-            return {_decode(e) for e in v}
-        if tag == "fs":
-            return frozenset(_decode(e) for e in v)
-        if tag == "d":
-            return {_decode(k): _decode(val) for k, val in v}
-        if tag == "c":
-            return complex(v)
-        if tag == "b":
-            return bytes.fromhex(v)
-        if tag == "ln":
-            return _Linked(tuple(_decode(e) for e in v))
-        if tag == "tr":
-            return _Tree(tuple(("N",) if e is None else ("V", _decode(e["v"])) for e in v))
-    raise ValueError(f"malformed value encoding: {str(x)[:80]}")
+        if type(v) is str:
+            if tag == "f":
+                return float(v)
+            if tag == "c":
+                return complex(v)
+            if tag == "b":
+                return bytes.fromhex(v)
+    raise _Mismatch
+
+
+def _tagged(x: Any, tag: str) -> list:
+    if type(x) is dict and len(x) == 1 and type(x.get(tag)) is list:
+        return x[tag]
+    raise _Mismatch
+
+
+def _hashable(x: Any, budget: list) -> Any:
+    """A set element or dict key of the reply as a Python value (scalars, tuples, frozensets);
+    only ever looked up in the trusted expected container, never hashed into a new one."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _Mismatch
+    if type(x) is dict and len(x) == 1 and ("t" in x or "fs" in x):
+        items = x.get("t", x.get("fs"))
+        if type(items) is not list:
+            raise _Mismatch
+        vals = [_hashable(e, budget) for e in items]
+        if "t" in x:
+            return tuple(vals)
+        if len(vals) > 64:   # an expected frozenset element is small; a big one is an attack
+            raise _Mismatch
+        return frozenset(vals)
+    return _leaf(x)
+
+
+def _same_members(items: list, expected: set | frozenset | dict, budget: list) -> list:
+    """Each reply element found in `expected`, no two the same; returns the matched keys."""
+    if len(items) != len(expected):
+        raise _Mismatch
+    seen: set = set()   # holds only values equal to trusted elements: their hashes are trusted too
+    out = []
+    for e in items:
+        k = _hashable(e, budget)
+        if k not in expected or k in seen:
+            raise _Mismatch
+        seen.add(k)
+        out.append(k)
+    return out
+
+
+def _same(got: Any, exp: Any, budget: list) -> bool:
+    """Python's `reply == exp` on the child's JSON encoding, in time linear in the reply: no
+    container of attacker-chosen values is built or hashed (a hash flood cannot slow the parent)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _Mismatch
+    t = type(exp)
+    if t is list:
+        if type(got) is not list or len(got) != len(exp):
+            return False
+        return all(_same(g, e, budget) for g, e in zip(got, exp))
+    if t is tuple:
+        items = _tagged(got, "t")
+        return len(items) == len(exp) and all(_same(g, e, budget) for g, e in zip(items, exp))
+    if t in (set, frozenset):
+        items = got.get("s", got.get("fs")) if type(got) is dict and len(got) == 1 else None
+        if type(items) is not list:
+            return False
+        _same_members(items, exp, budget)
+        return True
+    if t is dict:
+        pairs = _tagged(got, "d")
+        if not all(type(p) is list and len(p) == 2 for p in pairs):
+            raise _Mismatch
+        keys = _same_members([p[0] for p in pairs], exp, budget)
+        return all(_same(p[1], exp[k], budget) for p, k in zip(pairs, keys))
+    if t is _Linked:
+        items = _tagged(got, "ln")
+        return len(items) == len(exp.vals) and all(_same(g, e, budget) for g, e in zip(items, exp.vals))
+    if t is _Tree:
+        items = _tagged(got, "tr")
+        if len(items) != len(exp.preorder):
+            return False
+        for g, e in zip(items, exp.preorder):
+            if e == ("N",):
+                if g is not None:
+                    return False
+            elif not (type(g) is dict and len(g) == 1 and "v" in g and _same(g["v"], e[1], budget)):
+                return False
+        return True
+    if exp is None and got is None:
+        return True
+    if type(got) is list or (type(got) is dict and not ({"f", "c", "b"} & got.keys())):
+        return False   # a container never equals a scalar
+    return bool(_leaf(got) == exp)
 
 
 def _expected_linked(values: list) -> _Linked | None:
@@ -276,9 +373,11 @@ def _expected_for(test: ValueTest) -> Any:
 
 
 def _value_matches(payload: str, expected: Any) -> bool:
+    """The reply (bounded JSON, parsed into builtin types) equals the expected value."""
+    if len(payload) > _MAX_LINE_BYTES:
+        return False
     try:
-        got = _decode(json.loads(payload))
-        return bool(got == expected)
+        return _same(json.loads(payload), expected, [_MAX_NODES])
     except Exception:  # any malformed payload is a wrong answer; it must never crash the grader
         return False
 
@@ -332,9 +431,9 @@ def _rhlab_harness():
         except (ValueError, OSError):
             pass
     limit(resource.RLIMIT_AS, mem)
-    limit(resource.RLIMIT_CPU, cpu)
+    limit(resource.RLIMIT_CPU, cpu)   # soft = hard: SIGKILL at the limit (pid 1 of a namespace ignores SIGXCPU)
     limit(resource.RLIMIT_FSIZE, fsize)
-    limit(resource.RLIMIT_NPROC, 0)   # ignored for root; for other users it stops forks and threads
+    limit(resource.RLIMIT_NPROC, 0)   # no fork, no thread (the kernel ignores it for host root only)
     limit(resource.RLIMIT_CORE, 0)
 
     def emit(line):
@@ -610,19 +709,71 @@ def _compiles(src: str, mode: str) -> bool:
         return False
 
 
-def _kill_group(pid: int) -> None:
+def _stop(proc: subprocess.Popen, finished: bool) -> None:
+    """End the child and everything it started, and reap it.
+
+    A program that finished gets a moment to exit by itself. Otherwise the sandbox's own pid 1
+    (bwrap's child) is killed first: the kernel then kills every process of the pid namespace and
+    the outer bwrap reaps it, so nothing is left for the host's init. The process group kill
+    covers process isolation and an outer bwrap that does not exit.
+    """
+    if finished:
+        try:
+            proc.wait(timeout=1.0)
+            return
+        except subprocess.TimeoutExpired:
+            pass
     try:
-        os.killpg(pid, signal.SIGKILL)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for child in children:
+        try:
+            os.kill(int(child), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        pass
+    try:   # before the final wait(): the group id cannot be reused until the leader is reaped
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _run(program: Program, stop_on_failure: bool, output_cap: int, fsize_mb: int) -> SandboxResult:
+def _start(isolation: str, wfd: int) -> tuple[subprocess.Popen, str | None]:
+    """The child process (and, without bwrap, the host directory it works in)."""
+    args = [*_PY_FLAGS, "-c", _HARNESS, str(wfd)]
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(wfd,),
+                 start_new_session=True)
+    if isolation == "bwrap":
+        return subprocess.Popen(bwrap_command(args), cwd="/", env={}, **pipes, **popen_user()), None
+    workdir = tempfile.mkdtemp(prefix="rhlab-sbx-")
+    try:
+        return subprocess.Popen([sys.executable, *args], cwd=workdir, env=child_env(workdir), **pipes), workdir
+    except OSError:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def _exit_signal(rc: int | None, isolation: str) -> int | None:
+    """The signal that ended the program: negative returncode directly, 128+N through bwrap."""
+    if rc is None:
+        return None
+    if rc < 0:
+        return -rc
+    if isolation == "bwrap" and rc > 128:
+        return rc - 128
+    return None
+
+
+def _run(program: Program, stop_on_failure: bool, output_cap: int, fsize_mb: int,
+         isolation: str) -> SandboxResult:
     t0 = time.monotonic()
     tests = list(program.tests)
     for t in tests:
         assert isinstance(t, (ValueTest, StatementTest)), f"not a test: {t!r}"
-    assert program.timeout_s > 0 and program.memory_mb > 0
 
     sources = [(program.setup, "exec"), (program.code, "exec")] + [
         (t.expr, "eval") if isinstance(t, ValueTest) else (t.code, "exec") for t in tests]
@@ -638,23 +789,17 @@ def _run(program: Program, stop_on_failure: bool, output_cap: int, fsize_mb: int
         "nonce": nonce, "strict": strict, "stop": stop_on_failure,
         "setup": program.setup, "code": program.code,
         "tests": [(t.kind, t.expr) if isinstance(t, ValueTest) else ("stmt", t.code) for t in tests],
-        "mem": int(program.memory_mb) << 20, "cpu": int(math.ceil(program.timeout_s)) + 1,
+        "mem": int(program.memory_mb) << 20, "cpu": int(math.ceil(program.timeout_s)),
         "fsize": int(fsize_mb) << 20,
     })
     expected = [_expected_for(t) if isinstance(t, ValueTest) else None for t in tests]
 
-    workdir = tempfile.mkdtemp(prefix="rhlab-sbx-")
     rfd, wfd = os.pipe()
     try:
-        proc = subprocess.Popen(
-            [sys.executable, *_PY_FLAGS, "-c", _HARNESS, str(wfd)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(wfd,), cwd=workdir, env=dict(_CHILD_ENV, HOME=workdir, TMPDIR=workdir),
-            start_new_session=True)
+        proc, workdir = _start(isolation, wfd)
     except OSError as e:
         os.close(rfd)
         os.close(wfd)
-        shutil.rmtree(workdir, ignore_errors=True)
         return SandboxResult(False, "error", failure=f"could not start: {e}", n_tests=len(tests),
                              duration_s=time.monotonic() - t0)
     os.close(wfd)
@@ -703,7 +848,7 @@ def _run(program: Program, stop_on_failure: bool, output_cap: int, fsize_mb: int
         n_passed += 1
         return None
 
-    deadline = t0 + program.timeout_s
+    deadline = t0 + WALL_FACTOR * program.timeout_s + WALL_SLACK_S
     try:
         while sel.get_map():
             remaining = deadline - time.monotonic()
@@ -737,7 +882,7 @@ def _run(program: Program, stop_on_failure: bool, output_cap: int, fsize_mb: int
                         buf += data[:output_cap - len(buf)]
                     continue
                 total_records += len(data)
-                if total_records > _MAX_RECORD_BYTES:
+                if total_records > _MAX_RECORD_BYTES or len(pending) > _MAX_LINE_BYTES:
                     failure = failure or "too much result data"
                     break
                 pending += data
@@ -750,7 +895,7 @@ def _run(program: Program, stop_on_failure: bool, output_cap: int, fsize_mb: int
             if failure is not None and (stop_on_failure or total_records > _MAX_RECORD_BYTES):
                 break
     finally:
-        _kill_group(proc.pid)   # before wait(): the group id cannot be reused until the leader is reaped
+        _stop(proc, end_seen and failure is None)
         sel.close()
         try:
             proc.wait(timeout=5)
@@ -762,19 +907,23 @@ def _run(program: Program, stop_on_failure: bool, output_cap: int, fsize_mb: int
             except OSError:
                 pass
         os.close(rfd)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     rc = proc.returncode
+    sig = _exit_signal(rc, isolation)
     if failure is None and pending:
         failure = "forged or corrupt result record"
     if failure is not None:
         status = "failed"
     elif timed_out:
-        status, failure = "timeout", f"no verdict within {program.timeout_s:g}s"
+        status, failure = "timeout", f"no verdict within the wall-clock backstop ({deadline - t0:g}s)"
     elif end_seen and n_passed == len(tests):
         status = "passed"
-    elif rc is not None and rc < 0:
-        status, failure = "killed", f"killed by signal {-rc} (resource limit or crash)"
+    elif sig in _CPU_SIGNALS:
+        status, failure = "timeout", f"CPU time limit ({math.ceil(program.timeout_s)}s) exceeded"
+    elif sig is not None:
+        status, failure = "killed", f"killed by signal {sig} (resource limit or crash)"
     else:
         status, failure = "failed", f"exited (code {rc}) before the tests finished"
     return SandboxResult(
@@ -784,37 +933,56 @@ def _run(program: Program, stop_on_failure: bool, output_cap: int, fsize_mb: int
         returncode=rc)
 
 
+def _resolve(isolation: str | None) -> str:
+    """The isolation to use; checks bwrap works (one-line error) or warns about process mode."""
+    isolation = check_isolation(isolation or _default_isolation)
+    if isolation == "bwrap":
+        probe()
+    else:
+        print("WARNING: sandbox.isolation=process: model-written code runs without OS isolation "
+              "(no namespaces, shared /tmp, visible host processes); use it only for trusted code",
+              file=sys.stderr, flush=True)
+    return isolation
+
+
 def run_program(code: str, tests: Sequence[SandboxTest] = (), setup: str = "", timeout_s: float = 5.0,
                 memory_mb: int = 512, *, stop_on_failure: bool = True, output_cap: int = 10_000,
-                fsize_mb: int = 16) -> SandboxResult:
+                fsize_mb: int = 16, isolation: str | None = None) -> SandboxResult:
     """Run `setup` (trusted), then `code` (untrusted), then each test, in a fresh sandboxed process.
 
     passed iff the code loaded, every test passed (value tests: the parent's comparison;
     statement tests: ran without raising) and the harness reached its end. With no tests,
-    passed iff the code ran to completion. `timeout_s` is wall clock for the whole program.
+    passed iff the code ran to completion. `timeout_s` is CPU seconds for the whole program
+    (rounded up to whole seconds), with a wall-clock backstop of WALL_FACTOR * timeout_s +
+    WALL_SLACK_S. `isolation`: "bwrap" (default) or "process" (no OS isolation; warns).
     """
+    assert timeout_s > 0 and memory_mb > 0, f"timeout_s and memory_mb must be > 0, got {timeout_s}, {memory_mb}"
     return _run(Program(code, tuple(tests), setup, timeout_s, memory_mb), stop_on_failure, output_cap,
-                fsize_mb)
+                fsize_mb, _resolve(isolation))
 
 
 def run_many(programs: Sequence[Program], workers: int | None = None, *, stop_on_failure: bool = True,
-             output_cap: int = 10_000, fsize_mb: int = 16) -> list[SandboxResult]:
+             output_cap: int = 10_000, fsize_mb: int = 16, isolation: str | None = None) -> list[SandboxResult]:
     """Run programs in parallel (one process each, `workers` at a time); results in input order.
 
-    Every program has its own deadline, so a slow one holds one worker for at most its timeout.
-    Identical programs run once.
+    Every program has its own CPU limit and wall-clock backstop, so a slow one holds one worker for
+    a bounded time. Identical programs run once. Raises IsolationUnavailable (one line) when
+    bwrap isolation is asked for and cannot work here.
     """
     workers = workers or os.cpu_count() or 1
-    assert workers >= 1
+    assert workers >= 1, f"workers must be >= 1, got {workers}"
     unique: dict[str, Program] = {}
     for p in programs:
         assert isinstance(p, Program), f"not a Program: {p!r}"
         unique.setdefault(p.key(), p)
     keys = list(unique)
+    if not keys:
+        return []
+    isolation = _resolve(isolation)
 
     def one(key: str) -> SandboxResult:
         try:
-            return _run(unique[key], stop_on_failure, output_cap, fsize_mb)
+            return _run(unique[key], stop_on_failure, output_cap, fsize_mb, isolation)
         except Exception as e:  # an infrastructure fault fails this program, not the batch
             return SandboxResult(False, "error", failure=f"sandbox error: {e!r}")
 
