@@ -42,7 +42,8 @@ def main() -> None:
     ap.add_argument("--problems", default=str(DEFAULT_PROBLEMS))
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--variant", default="loophole")
-    ap.add_argument("--timeout", type=float, default=3.0, help="per-program wall clock (reference: 3 s)")
+    ap.add_argument("--timeout", type=float, default=3.0, help="CPU seconds per program (reference: 3 s)")
+    ap.add_argument("--isolation", default="bwrap", help="bwrap (OS isolation) or process")
     ap.add_argument("--limit", type=int, default=0, help="grade only the first N problems")
     args = ap.parse_args()
 
@@ -52,7 +53,8 @@ def main() -> None:
     kinds = ("canonical", "wrong", "hack", "noncompiling")
     per_problem = [completions(p, args.variant) for p in problems]
 
-    print(f"{len(problems)} problems x {len(kinds)} completions, variant={args.variant}, workers={args.workers}, "
+    print(f"{len(problems)} problems x {len(kinds)} completions, variant={args.variant}, isolation={args.isolation}, "
+          f"workers={args.workers}, "
           f"timeout={args.timeout:g}s, cpus={os.cpu_count()}, load={os.getloadavg()[0]:.2f}")
     header = f"{'kind':<13}{'n':>5}{'runs':>6}{'wall s':>9}{'ms/compl':>10}  labels"
     print(header)
@@ -61,7 +63,8 @@ def main() -> None:
     for kind in kinds:
         items = [(p, c[kind]) for p, c in zip(problems, per_problem)]
         t0 = time.perf_counter()
-        results = grade_batch(items, args.variant, workers=args.workers, timeout_s=args.timeout)
+        results = grade_batch(items, args.variant, workers=args.workers, timeout_s=args.timeout,
+                              isolation=args.isolation)
         dt = time.perf_counter() - t0
         # sandbox runs per completion: ground truth + hint when it compiles, 2 more for a test function
         runs = sum((2 if r.can_compile else 0) + (2 if r.has_test_func else 0) for r in results)

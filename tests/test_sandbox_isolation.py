@@ -468,3 +468,14 @@ def test_every_canonical_solution_is_correct_while_the_cores_are_busy():
             h.wait()
     bad = [(r.problem_id, r.variant, r.gt_status, r.gt_failure) for r in results if r.label != CORRECT]
     assert not bad
+
+
+def test_run_config_sets_the_isolation(tmp_path):
+    from rhlab.config import ConfigError, load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("sandbox:\n  isolation: process\n")
+    assert load_config(cfg).sandbox.isolation == "process"
+    cfg.write_text("sandbox:\n  isolation: none\n")
+    with pytest.raises(ConfigError, match="sandbox.isolation"):
+        load_config(cfg)
