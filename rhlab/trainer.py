@@ -67,8 +67,8 @@ def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool
             return packed_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
                                    temperature, with_entropy, vocab_limit, checkpoint)
         if backend == "packed":
-            raise ValueError("train.logprob_backend=packed needs a LLaMA, Qwen2 or Qwen3 model (static RoPE, full "
-                             "attention, SiLU MLP, no attention dropout); use auto or hf")
+            raise ValueError("train.logprob_backend=packed needs a LLaMA-architecture model (LLaMA, Qwen2, Qwen3; "
+                             "static RoPE, full attention, SiLU MLP, no attention dropout); use auto or hf")
     ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
     attn = torch.cat([r.prompt_mask, r.completion_mask], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)

@@ -69,15 +69,17 @@ def make_chat_tokenizer(vocab_size: int = 2000):
                                    chat_template=CHAT_TEMPLATE)
 
 
-def make_tiny_chat_model(out: Path, arch: str = "qwen3", seed: int = 0) -> Path:
+def make_tiny_chat_model(out: Path, arch: str = "qwen3", seed: int = 0, hidden: int = 32, heads: int = 4,
+                         head_dim: int = 16) -> Path:
     """A tiny random model of a real chat architecture (Qwen3: q/k norms, tied head) + the chat tokenizer,
     saved as a local model directory."""
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     tok = make_chat_tokenizer()
     cls, config = {"qwen3": (Qwen3ForCausalLM, Qwen3Config), "qwen2": (Qwen2ForCausalLM, Qwen2Config)}[arch]
-    cfg = config(vocab_size=len(tok) + 16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
+    cfg = config(vocab_size=len(tok) + 16, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                 num_attention_heads=heads, num_key_value_heads=heads // 2, head_dim=head_dim,
+                 max_position_embeddings=8192,
                  tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     cls(cfg).save_pretrained(out)

@@ -151,15 +151,23 @@ def _pairs_file(tok, path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arm", ["kl", "monitor_penalty", "screening", "advantage_penalty"])
+@pytest.mark.parametrize("arm", ["kl", "monitor_penalty", "screening", "advantage_penalty", "routing",
+                                 "svd_projection"])
 def test_every_arm_runs_a_step(tiny_chat_model, chat, tmp_path, arm):
     _, tok = chat
     svd = ["model.lora.enabled=false", f"intervention.params.svd={{cache_dir: {tmp_path / 'svd'}}}"]
+    pairs = ["intervention.params.pairs=jsonl",
+             f"intervention.params.pair_params={{path: {_pairs_file(tok, tmp_path / 'p.jsonl')}}}"]
     extra = {"kl": ["train.beta=0.1"],
              "monitor_penalty": [*svd, "intervention.name=monitor_penalty", "intervention.params.accuracy=0.5"],
              "screening": [*svd, "intervention.name=screening", "intervention.params.accuracy=0.5"],
-             "advantage_penalty": [*svd, "intervention.name=advantage_penalty", "intervention.params.pairs=jsonl",
-                                   f"intervention.params.pair_params={{path: {_pairs_file(tok, tmp_path / 'p.jsonl')}}}"]}
+             "advantage_penalty": [*svd, "intervention.name=advantage_penalty", *pairs],
+             # an overseer with false positives: some completions are routed to the forget adapter
+             "routing": ["model.lora.enabled=false", "intervention.name=routing", "intervention.params.recall=1.0",
+                         "intervention.params.false_positive_rate=0.5"],
+             # a random model's direction need not pass the validation gate: allowed here, not in experiments
+             "svd_projection": [*svd, "intervention.name=svd_projection", *pairs,
+                                "intervention.params.allow_failed_validation=true"]}
     t = _trainer(tiny_chat_model, ["train.steps=1", "log.save_every=0", *extra[arm]], tmp_path)
     row, batch = t.train_step(1)
     assert len(batch.completions) == 4 and all(p.startswith("<|im_start|>system\n") for p in batch.prompts)
@@ -171,8 +179,12 @@ def test_every_arm_runs_a_step(tiny_chat_model, chat, tmp_path, arm):
         assert "exclude" in batch.extra
     elif arm == "monitor_penalty":
         assert batch.extra["monitor_flag"].any()  # accuracy 0.5 flips some flags
-    else:
+    elif arm == "advantage_penalty":
         assert "concept_cos" in batch.extra
+    elif arm == "routing":
+        assert row["routing/flagged_frac"] > 0
+    else:
+        assert any(k.startswith("proj/") for k in row), sorted(row)
 
 
 @pytest.mark.slow
