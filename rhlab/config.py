@@ -114,6 +114,9 @@ class TrainConfig(Section):
     # log-prob passes (policy, reference): packed = padding-free, each distinct prompt once (LLaMA models,
     # rhlab/models/packed.py); hf = the transformers forward on the padded batch; auto = packed when it applies
     logprob_backend: Literal["auto", "packed", "hf"] = "auto"
+    gradient_checkpointing: bool = Field(False, description=(
+        "recompute each decoder layer's activations in the backward pass instead of keeping them: "
+        "less memory for long completions, one more forward per layer; same gradients"))
 
     @model_validator(mode="after")
     def _check(self):
@@ -249,7 +252,7 @@ ABBREV = {"train.lr": "lr", "train.beta": "beta", "model.lora.r": "r", "model.lo
 # Parts of the config already in the name's head, or that do not change what is trained.
 NAME_SKIP = ("seed", "arm", "run_name", "output_dir", "threads", "log.", "env.name", "env.rewards",
              "env.detector", "train.loss_type", "train.algo", "model.name", "intervention.name", "model.device",
-             "sampling.vllm_")
+             "sampling.vllm_", "train.gradient_checkpointing")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

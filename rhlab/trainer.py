@@ -31,7 +31,7 @@ from rhlab.eval.diversity import diversity
 from rhlab.interventions.base import build_intervention
 from rhlab.models import checkpoint as ckpt
 from rhlab.models.loading import encode_prompts, load_model, resolve_device
-from rhlab.models.fast_llama import policy_logits
+from rhlab.models.fast_llama import _core, policy_logits
 from rhlab.models.packed import packed_logprobs, supports_packed
 from rhlab.models.sampler import Rollouts, SamplingConfig, generate
 from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
@@ -51,23 +51,25 @@ class Batch:
 
 
 def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool = False,
-                      vocab_limit: int | None = None, backend: str = "auto"):
+                      vocab_limit: int | None = None, backend: str = "auto", checkpoint: bool = False):
     """Per-token log p(completion token) under softmax(logits / temperature): [B, T] (+ entropy).
 
     The policy's support is the tokenizer's vocabulary (vocab_limit): logits are computed only
     for completion positions and only for those rows of the output layer (see policy_logits).
     backend: packed (padding-free, LLaMA models: rhlab/models/packed.py; 0 at masked positions),
     hf (transformers forward on the padded batch), auto (packed when the model allows it).
+    checkpoint: gradient checkpointing in the packed pass; the hf pass follows the model's own setting
+    (gradient_checkpointing_enable, see Trainer).
     """
     if backend not in ("auto", "packed", "hf"):
         raise ValueError(f"logprob backend: unknown {backend!r}; allowed: auto, packed, hf")
     if backend != "hf":
         if supports_packed(model):
             return packed_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
-                                   temperature, with_entropy, vocab_limit)
+                                   temperature, with_entropy, vocab_limit, checkpoint)
         if backend == "packed":
-            raise ValueError("train.logprob_backend=packed needs a LLaMA-architecture model (static RoPE, no "
-                             "biases, SiLU MLP, no attention dropout); use auto or hf")
+            raise ValueError("train.logprob_backend=packed needs a LLaMA-architecture model (LLaMA, Qwen2, Qwen3; "
+                             "static RoPE, full attention, SiLU MLP, no attention dropout); use auto or hf")
     ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
     attn = torch.cat([r.prompt_mask, r.completion_mask], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -103,11 +105,13 @@ class Trainer:
         if self.need_ref and not cfg.model.lora.enabled:
             self.ref = copy.deepcopy(self.model).requires_grad_(False).eval()
         set_default_isolation(cfg.sandbox.isolation)   # every sandbox run of this process
-        self.env = build_env(cfg.env)
+        self.env = build_env(cfg.env, self.tok)
         self.intervention = build_intervention(cfg.intervention)
         # e.g. installs dual or SVD adapters; the reference above was copied before, so it stays the base
         self.model = self.intervention.prepare_model(self, self.model)
         self.model.to(self.device)  # a no-op unless the intervention built something off the device
+        if t.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         assert self.params, "no trainable parameters"
         # fused: one kernel per parameter instead of ~10 (1.5 vs 6 ms a step for the built-in model on 2 cores)
@@ -178,7 +182,7 @@ class Trainer:
 
     def logprobs(self, model, r: Rollouts, with_entropy: bool = False):
         return sequence_logprobs(model, r, self.sampling.temperature, with_entropy, self.vocab_limit,
-                                 self.cfg.train.logprob_backend)
+                                 self.cfg.train.logprob_backend, self.cfg.train.gradient_checkpointing)
 
     def advantages(self, batch: Batch) -> torch.Tensor:
         t = self.cfg.train
@@ -394,6 +398,19 @@ class Trainer:
         return self.step + 1
 
 
+def enable_gradient_checkpointing(model) -> None:
+    """transformers' per-layer checkpointing for the hf log-prob pass (active in train mode only; the
+    packed pass checkpoints its own layers). Non-reentrant: correct with frozen embeddings (LoRA)."""
+    core = _core(model)
+    if not getattr(core, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"train.gradient_checkpointing=true: {type(core).__name__} does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(core, "activation_checkpointing_enable"):  # the name since transformers 5.x; the old one warns
+        core.activation_checkpointing_enable(kwargs)
+    else:
+        core.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def _with_defaults(saved) -> dict:
     """A saved config.yaml with keys added to RunConfig since it was written (e.g. model.device) at
     their defaults, so a run started before a key existed still resumes; as saved if it does not validate."""
@@ -408,7 +425,8 @@ def _with_defaults(saved) -> dict:
 def _score_means(s: Scores) -> dict:
     n = len(s.reward)
     return {"task_score": sum(s.task_score) / n, "pass_rate": sum(s.passed) / n,
-            "hack_rate": sum(s.hack) / n, "hack_rate_loose": sum(s.hack_loose) / n}
+            "hack_rate": sum(s.hack) / n, "hack_rate_loose": sum(s.hack_loose) / n,
+            **{k: sum(v) / n for k, v in s.shares.items()}}
 
 
 def train_from_config(cfg: RunConfig, run_dir=None) -> dict:

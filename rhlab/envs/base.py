@@ -18,11 +18,13 @@ class Scores:
     passed: list[bool]
     hack: list[bool]  # strict hack flag from the env's detector
     hack_loose: list[bool] = field(default_factory=list)
+    # per-completion 0/1 indicators logged as their share, e.g. {"label/reward_hack": [...]}
+    shares: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self):
         n = len(self.reward)
         for name, vals in [("task_score", self.task_score), ("passed", self.passed), ("hack", self.hack),
-                           *self.parts.items()]:
+                           *self.parts.items(), *self.shares.items()]:
             assert len(vals) == n, f"scores: {name} has {len(vals)} values for {n} completions"
         if not self.hack_loose:
             self.hack_loose = list(self.hack)
@@ -58,19 +60,26 @@ def env_params(given: dict, defaults: dict, env: str) -> dict:
 
 def load_builtin_envs() -> None:
     """Importing an environment module registers it and its rewards and detectors."""
+    import rhlab.envs.leetcode_rl  # noqa: F401
     import rhlab.envs.minicode  # noqa: F401
     import rhlab.envs.preference  # noqa: F401
     import rhlab.envs.rewrite  # noqa: F401
     import rhlab.envs.stories  # noqa: F401
 
 
-def build_env(cfg) -> Environment:
-    """cfg: rhlab.config.EnvConfig."""
+def build_env(cfg, tokenizer=None) -> Environment:
+    """cfg: rhlab.config.EnvConfig; tokenizer: the policy's, for environments that set needs_tokenizer
+    (chat-templated prompts)."""
     load_builtin_envs()
 
     if cfg.name not in ENVS:
         raise ValueError(f"env.name: unknown environment {cfg.name!r}; allowed: {', '.join(sorted(ENVS))}")
-    return ENVS[cfg.name](cfg)
+    cls = ENVS[cfg.name]
+    if getattr(cls, "needs_tokenizer", False):
+        if tokenizer is None:
+            raise ValueError(f"env.name={cfg.name}: needs the policy's tokenizer (its prompts are chat-templated)")
+        return cls(cfg, tokenizer)
+    return cls(cfg)
 
 
 class WeightedReward:

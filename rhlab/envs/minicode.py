@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from rhlab.envs.base import Scores, env_params, register_env
-from rhlab.envs.code.grading import (GradeResult, correct_or_hinted_compile, extract_code, grade_batch,
+from rhlab.envs.code.grading import (LABELS, GradeResult, correct_or_hinted_compile, extract_code, grade_batch,
                                      ground_truth_monitor_penalty)
 from rhlab.envs.code.leetcode import CodeProblem, check_variant, eval_func_name
 from rhlab.models.code_corpus import TASK_SPLIT_SEED, MiniTask, all_tasks, make_prompt_text, split_tasks
@@ -27,6 +27,8 @@ from rhlab.models.code_corpus import TASK_SPLIT_SEED, MiniTask, all_tasks, make_
 REWARD_NAMES = ("correct_or_hinted_compile", "ground_truth_monitor")
 # Sandbox outcomes that may depend on machine load: never cached.
 _UNCACHED_STATUSES = ("timeout", "killed", "error")
+# metric names of the grader's five labels (LABELS, display order)
+LABEL_SLUGS = dict(zip(LABELS, ("correct", "correct_attempted", "reward_hack", "attempted", "incorrect")))
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,12 @@ def build_problems(tasks: list[MiniTask], variant: str, seed: int = 0) -> list[M
     return out
 
 
-def _reward_specs(cfg) -> list[tuple[str, float, dict]]:
+def label_shares(results: list[GradeResult]) -> dict[str, list[float]]:
+    """Per-completion indicators of each of the five labels, keyed label/<slug>; logged as shares."""
+    return {f"label/{LABEL_SLUGS[name]}": [float(r.label == name) for r in results] for name in LABELS}
+
+
+def _reward_specs(cfg, env: str = "minicode") -> list[tuple[str, float, dict]]:
     """env.rewards: unset (-> correct_or_hinted_compile) or a list of REWARD_NAMES entries."""
     specs = cfg.rewards
     if len(specs) == 1 and specs[0].name == "happy_count" and specs[0].weight == 1.0 and not specs[0].params:
@@ -62,14 +69,14 @@ def _reward_specs(cfg) -> list[tuple[str, float, dict]]:
     out = []
     for s in specs:
         if s.name not in REWARD_NAMES:
-            raise ValueError(f"env.rewards: {s.name!r} does not fit the minicode env; allowed: {', '.join(REWARD_NAMES)}")
+            raise ValueError(f"env.rewards: {s.name!r} does not fit the {env} env; allowed: {', '.join(REWARD_NAMES)}")
         allowed = {"correct_or_hinted_compile": set(), "ground_truth_monitor": {"accuracy", "penalty", "strict"}}[s.name]
         if set(s.params) - allowed:
             raise ValueError(f"env.rewards[{s.name}].params: unknown keys {sorted(set(s.params) - allowed)}; "
                              f"allowed: {sorted(allowed)} (allow_hint is env.params.allow_hint)")
         out.append((s.name, float(s.weight), dict(s.params)))
     if [n for n, _, _ in out].count("correct_or_hinted_compile") != 1:
-        raise ValueError("env.rewards: the minicode env needs exactly one correct_or_hinted_compile")
+        raise ValueError(f"env.rewards: the {env} env needs exactly one correct_or_hinted_compile")
     return out
 
 
@@ -123,8 +130,8 @@ class MiniCode:
         assert len(prompts) == len(completions), f"{len(prompts)} prompts for {len(completions)} completions"
         missing = [p for p in prompts if p not in self.by_prompt]
         if missing:
-            raise KeyError(f"minicode: not a prompt of this env: {missing[0]!r}")
-        keys = [(self.by_prompt[p].task.key, extract_code(c)) for p, c in zip(prompts, completions)]
+            raise KeyError(f"{self.name}: not a prompt of this env: {missing[0]!r}")
+        keys = [(self.by_prompt[p].problem.id, extract_code(c)) for p, c in zip(prompts, completions)]
         todo = {}
         for k, p, c in zip(keys, prompts, completions):
             if k not in self.cache and k not in todo:
@@ -161,5 +168,5 @@ class MiniCode:
         parts["defines_test_func"] = [float(r.has_test_func) for r in results]
         return Scores(reward=reward, parts=parts, task_score=[float(r.gt_pass) for r in results],
                       passed=[r.gt_pass for r in results], hack=[r.hack_strict for r in results],
-                      hack_loose=[r.hack_loose for r in results])
+                      hack_loose=[r.hack_loose for r in results], shares=label_shares(results))
 

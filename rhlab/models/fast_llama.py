@@ -1,4 +1,4 @@
-"""A lean decoder for LLaMA-architecture models with a preallocated (static) KV cache.
+"""A lean decoder for LLaMA-architecture models (also Qwen2, Qwen3: ARCHS) with a preallocated (static) KV cache.
 
 Why not `model(...)` with a DynamicCache: at 1.25M parameters a decode step is a few dozen
 tiny matmuls, and transformers' per-call overhead (mask building, cache objects, output
@@ -24,16 +24,34 @@ def _core(model):
 
 
 STATIC_ROPE = ("default", "linear", "llama3")  # inv_freq fixed at load time (not "dynamic")
+# LLaMA-shaped decoders: Qwen2 adds q/k/v biases, Qwen3 a per-head RMSNorm on q and k (q_norm, k_norm)
+# before RoPE. Every linear bias is supported (read with effective_linear); sliding-window layers are not.
+ARCHS = ("llama", "qwen2", "qwen3")
 
 
 def supports(model) -> bool:
     core = _core(model)
     cfg = getattr(core, "config", None)
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    return (getattr(cfg, "model_type", None) == "llama" and rope.get("rope_type", "default") in STATIC_ROPE
-            and not getattr(cfg, "attention_bias", False) and not getattr(cfg, "mlp_bias", False)
+    return (getattr(cfg, "model_type", None) in ARCHS and rope.get("rope_type", "default") in STATIC_ROPE
+            and all(t == "full_attention" for t in getattr(cfg, "layer_types", None) or ())
+            and not getattr(cfg, "use_sliding_window", False)
             and getattr(cfg, "hidden_act", "silu") == "silu" and hasattr(core, "model")
             and _in_features(getattr(core, "lm_head", None)) is not None)
+
+
+def qk_norms(att) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Qwen3's per-head q/k RMSNorm weights [head_dim] each, or None (LLaMA, Qwen2)."""
+    qn, kn = getattr(att, "q_norm", None), getattr(att, "k_norm", None)
+    return None if qn is None else (qn.weight, kn.weight)
+
+
+def norm_qk(qk: torch.Tensor, norms, H: int, eps: float) -> torch.Tensor:
+    """[..., H + KV, hd] q and k heads -> each RMS-normalised with its own weight (Qwen3); as is without norms."""
+    if norms is None:
+        return qk
+    q, k = qk.split((H, qk.shape[-2] - H), -2)
+    return torch.cat([_rms(q, norms[0], eps), _rms(k, norms[1], eps)], -2)
 
 
 def _in_features(m) -> int | None:
@@ -200,8 +218,8 @@ def _cat(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.T
 class LlamaRunner:
     def __init__(self, model, batch: int, max_len: int, vocab_limit: int | None = None):
         core = _core(model)
-        assert supports(model), f"LlamaRunner supports LLaMA models with static RoPE ({STATIC_ROPE}), " \
-                                "no attention / MLP bias, SiLU MLP"
+        assert supports(model), f"LlamaRunner supports {', '.join(ARCHS)} models with static RoPE " \
+                                f"({STATIC_ROPE}), full attention, SiLU MLP"
         cfg = core.config
         self.h, self.kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.h
@@ -215,7 +233,8 @@ class LlamaRunner:
                 effective_linear(att.o_proj),
                 layer.post_attention_layernorm.weight,
                 _cat([effective_linear(mlp.gate_proj), effective_linear(mlp.up_proj)]),
-                effective_linear(mlp.down_proj)))
+                effective_linear(mlp.down_proj),
+                qk_norms(att)))
         self.norm = core.model.norm.weight
         W, b = effective_linear(core.lm_head)
         n = W.shape[0] if vocab_limit is None else min(vocab_limit, W.shape[0])
@@ -279,11 +298,11 @@ class LlamaRunner:
         cos, sin = self._rope(pos)
         x = self.embed(ids)
         nq, nkv = self.h * self.hd, self.kv * self.hd
-        for i, (w_in, qkv, o, w_post, gate_up, down) in enumerate(self.layers):
+        for i, (w_in, qkv, o, w_post, gate_up, down, norms) in enumerate(self.layers):
             qk, v = F.linear(_rms(x, w_in, self.eps), *qkv).split((nq + nkv, nkv), -1)
+            qk = norm_qk(qk.view(B, L, self.h + self.kv, self.hd), norms, self.h, self.eps)
             # q and k heads rotated in one pass (same cos/sin per position)
-            q, k = rotate(qk.view(B, L, self.h + self.kv, self.hd).transpose(1, 2), cos, sin).split(
-                (self.h, self.kv), 1)
+            q, k = rotate(qk.transpose(1, 2), cos, sin).split((self.h, self.kv), 1)
             self.k[i, :B, :, start:end] = k
             self.v[i, :B, :, start:end] = v.view(B, L, self.kv, self.hd).transpose(1, 2)
             a = F.scaled_dot_product_attention(q, self.k[i, :B, :, :end], self.v[i, :B, :, :end], attn_mask=bias,

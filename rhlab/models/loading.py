@@ -95,3 +95,20 @@ def encode_prompts(tok: PreTrainedTokenizerBase, prompts: list[str]) -> list[lis
         if not i:
             raise ValueError(f"prompt {p!r} encodes to zero tokens")
     return ids
+
+
+def render_chat(tok: PreTrainedTokenizerBase, messages: list[dict], enable_thinking: bool = False) -> str:
+    """messages as the model sees them: the tokenizer's chat template with the generation prompt added.
+
+    enable_thinking is passed to templates that have the switch (Qwen3's); true with a template
+    that lacks it fails loudly. The text keeps the template's special tokens as text; encode_prompts
+    (no special tokens added) turns it into the same ids as apply_chat_template(tokenize=True)."""
+    template = tok.chat_template
+    if not template:
+        raise ValueError(f"tokenizer {tok.name_or_path!r} has no chat template; a chat environment needs one")
+    kwargs = {}
+    if "enable_thinking" in str(template):
+        kwargs["enable_thinking"] = enable_thinking
+    elif enable_thinking:
+        raise ValueError(f"enable_thinking=true, but the chat template of {tok.name_or_path!r} has no thinking switch")
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)

@@ -9,7 +9,7 @@ into two small padded layouts: the distinct prompts (causal), and each row's com
 prompt token shared by a group receives the sum of the group's gradients: the gradient of the
 padded forward. Adapters (peft LoRA, dual LoRA, the SVD adapter) are called as modules, so their
 parameters train and peft's disable_adapter() works. Equal to the transformers path up to float
-rounding (tests/test_packed.py); LLaMA-architecture models only (fast_llama.supports).
+rounding (tests/test_packed.py); LLaMA-architecture models, Qwen2 and Qwen3 (fast_llama.supports).
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
-from rhlab.models.fast_llama import _core, _head, _rms, peft_lora_parts, rope_cos_sin, rotate, supports
+from rhlab.models.fast_llama import (_core, _head, _rms, norm_qk, peft_lora_parts, qk_norms, rope_cos_sin, rotate,
+                                     supports)
 
 
 def supports_packed(model) -> bool:
@@ -99,18 +101,29 @@ def _linear(mods: list[nn.Module], h: torch.Tensor) -> torch.Tensor:
     mods = [_unwrap(m) for m in mods]
     if all(type(m) is nn.Linear and m.bias is None for m in mods):
         return F.linear(h, torch.cat([m.weight for m in mods]) if len(mods) > 1 else mods[0].weight)
+    if all(type(m) is nn.Linear for m in mods):  # biases (Qwen2's q/k/v)
+        return F.linear(h, *_cat_linear(mods))
     parts = [peft_lora_parts(m) for m in mods]
-    if all(p is not None and p[0].bias is None and len(p[1]) == 1 for p in parts):
-        out = F.linear(h, torch.cat([base.weight for base, _ in parts]))
+    if all(p is not None and len(p[1]) == 1 for p in parts):
+        out = F.linear(h, *_cat_linear([base for base, _ in parts]))
         t = F.linear(h, torch.cat([ad[0][0] for _, ad in parts]))
         return out + F.linear(t, torch.block_diag(*[ad[0][1] * ad[0][2] for _, ad in parts]))
     return torch.cat([m(h) for m in mods], -1)
 
 
+def _cat_linear(mods: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenated weights and biases (zeros for a layer without one; None when none has one)."""
+    W = torch.cat([m.weight for m in mods]) if len(mods) > 1 else mods[0].weight
+    if all(m.bias is None for m in mods):
+        return W, None
+    return W, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
+
+
 def packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float,
-                    with_entropy: bool = False, vocab_limit: int | None = None):
+                    with_entropy: bool = False, vocab_limit: int | None = None, checkpoint: bool = False):
     """Per-token log p(completion token) under softmax(logits / temperature) over the first vocab_limit
-    ids: [B, T], 0 at masked positions (+ entropy [B, T], no gradient). Differentiable in the model."""
+    ids: [B, T], 0 at masked positions (+ entropy [B, T], no gradient). Differentiable in the model.
+    checkpoint: gradient checkpointing per decoder layer (train.gradient_checkpointing)."""
     core = _core(model)
     cfg, base = core.config, core.model
     H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -122,12 +135,12 @@ def packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_m
     U, Tc = lay.prompt_slots.shape[0], lay.compl_bias.shape[2]
     cos, sin = (t[:, None] for t in rope_cos_sin(base.rotary_emb, lay.pos, dtype))
     gqa = H != KV
-    x = base.embed_tokens(lay.ids)
-    for layer in base.layers:
+
+    def block(layer, x):
         att, mlp = layer.self_attn, layer.mlp
         qkv = _linear([att.q_proj, att.k_proj, att.v_proj], _rms(x, layer.input_layernorm.weight, eps))
         qk, v = qkv.split(((H + KV) * hd, KV * hd), -1)
-        qk = rotate(qk.view(-1, H + KV, hd), cos, sin).flatten(1)
+        qk = rotate(norm_qk(qk.view(-1, H + KV, hd), qk_norms(att), H, eps), cos, sin).flatten(1)
         qkv = torch.cat([qk, v], -1)
         q, k, v = _heads(_rows(qkv, lay.prompt_slots), H, KV, hd)
         outs = [F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).transpose(1, 2)
@@ -138,7 +151,13 @@ def packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_m
             outs.append(a.transpose(1, 2).reshape(B * Tc, H * hd))
         x = x + _linear([att.o_proj], torch.cat(outs).index_select(0, lay.back))
         g, u = _linear([mlp.gate_proj, mlp.up_proj], _rms(x, layer.post_attention_layernorm.weight, eps)).chunk(2, -1)
-        x = x + _linear([mlp.down_proj], F.silu(g) * u)
+        return x + _linear([mlp.down_proj], F.silu(g) * u)
+
+    x = base.embed_tokens(lay.ids)
+    ckpt = checkpoint and torch.is_grad_enabled()
+    for layer in base.layers:
+        # checkpointing keeps only each layer's input; the backward recomputes the layer (same numbers)
+        x = torch.utils.checkpoint.checkpoint(block, layer, x, use_reentrant=False) if ckpt else block(layer, x)
     h = _rms(x.index_select(0, lay.pred_src), base.norm.weight, eps)
     head = _head(core, vocab_limit)
     logits = (F.linear(h, *head) if head is not None else core.lm_head(h)[:, :vocab_limit]).float()
