@@ -237,6 +237,7 @@ def test_hostile_completions_grade_not_passed_and_harm_nothing():
     assert not pwned.exists()
 
 
+@pytest.mark.slow
 @needs_data
 def test_every_canonical_solution_is_correct_under_every_variant():
     problems = load_problems(DATA)
