@@ -104,11 +104,24 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(1.0, gt=0)
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] = Field(
+        "grpo", description="per-token loss and aggregation, as TRL's loss_type (TRL default dapo): grpo = "
+        "per-sequence mean; bnpo = token mean per micro-batch; dr_grpo = / (batch * max_new_tokens); dapo = token "
+        "mean over the generation batch; cispo = REINFORCE weighted by the ratio capped at epsilon_high (detached), "
+        "dapo's aggregation; sapo = a sigmoid gate instead of the clip, grpo's aggregation (docs/losses.md)")
     epsilon: float = Field(0.2, gt=0)
     epsilon_high: Optional[float] = Field(None, gt=0)  # None = epsilon
     delta: Optional[float] = Field(None, gt=1)  # two-sided clip: ratio capped at delta
     beta: float = Field(0.02, ge=0)  # k3 KL to the frozen reference
+    kl_bias_correction: bool = Field(
+        False, description="multiply the k3 KL term by the importance ratio pi/pi_old, gradient included (TRL's "
+        "use_bias_correction_kl, default True there): the unbiased reverse-KL gradient, beta * (logp - ref) per "
+        "token on-policy; off = the k3 term's own gradient, beta * (1 - exp(ref - logp)). Acts when beta > 0 and "
+        "kl_in_reward is off")
+    sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo only: the gate's temperature tau for "
+                                        "tokens with A > 0 (TRL's sapo_temperature_pos, same default)")
+    sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo only: tau for tokens with A <= 0 "
+                                        "(TRL's sapo_temperature_neg, same default)")
     scale_rewards: Literal["group", "batch", "none"] = "group"
     mask_truncated_completions: bool = False
     # log-prob passes (policy, reference): packed = padding-free, each distinct prompt once (LLaMA models,
@@ -129,6 +142,18 @@ class TrainConfig(Section):
         if self.batch_size % self.gradient_accumulation_steps:
             raise ValueError(f"train.gradient_accumulation_steps={self.gradient_accumulation_steps} "
                              f"must divide train.batch_size={self.batch_size}")
+        if self.kl_bias_correction and self.kl_in_reward:
+            raise ValueError("train.kl_bias_correction=true corrects the loss's KL term; with train.kl_in_reward=true "
+                             "the loss has none (set one of them false)")
+        if self.loss_type == "cispo" and self.epsilon_high is None:
+            raise ValueError("train.loss_type=cispo caps the ratio at train.epsilon_high itself (not 1 + epsilon): "
+                             "set it explicitly (ScaleRL's eps_max, e.g. 5.0)")
+        if self.loss_type in ("cispo", "sapo") and self.delta is not None:
+            raise ValueError(f"train.delta={self.delta}: two-sided clipping applies to the clipped losses "
+                             f"(grpo, bnpo, dr_grpo, dapo), not train.loss_type={self.loss_type}")
+        if self.loss_type == "sapo" and self.epsilon_high is not None:
+            raise ValueError(f"train.epsilon_high={self.epsilon_high}: train.loss_type=sapo has no clip range "
+                             "(its gate is set by train.sapo_temperature_pos / _neg)")
         return self
 
 
@@ -248,7 +273,8 @@ ABBREV = {"train.lr": "lr", "train.beta": "beta", "model.lora.r": "r", "model.lo
           "train.num_generations": "g", "train.batch_size": "bs", "train.steps": "steps",
           "train.epsilon": "eps", "train.epsilon_high": "epsh", "train.num_iterations": "it",
           "sampling.temperature": "temp", "sampling.max_new_tokens": "len", "train.lr_schedule": "sched",
-          "train.scale_rewards": "scale", "train.gradient_accumulation_steps": "ga"}
+          "train.scale_rewards": "scale", "train.gradient_accumulation_steps": "ga",
+          "train.kl_bias_correction": "klbc"}
 # Parts of the config already in the name's head, or that do not change what is trained.
 NAME_SKIP = ("seed", "arm", "run_name", "output_dir", "threads", "log.", "env.name", "env.rewards",
              "env.detector", "train.loss_type", "train.algo", "model.name", "intervention.name", "model.device",

@@ -240,7 +240,10 @@ class Trainer:
                     timings["logprobs"] += time.perf_counter() - t0
                     out = policy_loss(logp, old[gidx], adv[gidx], mask[gidx], loss_type=t.loss_type,
                                       epsilon=t.epsilon, epsilon_high=t.epsilon_high, delta=t.delta, beta=loss_beta,
-                                      ref_logp=None if ref is None else ref[gidx], norm=norm)
+                                      ref_logp=None if ref is None else ref[gidx], norm=norm,
+                                      kl_bias_correction=t.kl_bias_correction,
+                                      sapo_temperature_pos=t.sapo_temperature_pos,
+                                      sapo_temperature_neg=t.sapo_temperature_neg)
                     t0 = time.perf_counter()
                     with ctx:
                         out.loss.backward()

@@ -18,8 +18,11 @@ from rhlab.envs.code.leetcode import (
     TEST_FUNC_NAMES, VARIANTS, eval_func_name, load_problems, make_prompt, problem_from_row,
 )
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "leetcode" / "leetcode_test_medhard_80.jsonl"
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="reference data not present")
+# The reference implementation's 80-problem test set: not shipped with the repo (2.6 MB, no license
+# file upstream); read from beside it when present.
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "leetcode" / "leetcode_test_medhard_80.jsonl"
+needs_data = pytest.mark.skipif(not DATA.exists(), reason="LeetCode reference data not beside the repo "
+                                "(../shared/data/leetcode/leetcode_test_medhard_80.jsonl); not shipped with it")
 
 SETUP = "from typing import *\nfrom collections import *\ninf = float('inf')\n"
 CANONICAL = "class Solution:\n    def addTwo(self, a: int, b: int) -> int:\n        return a + b\n"
@@ -234,6 +237,7 @@ def test_hostile_completions_grade_not_passed_and_harm_nothing():
     assert not pwned.exists()
 
 
+@pytest.mark.slow
 @needs_data
 def test_every_canonical_solution_is_correct_under_every_variant():
     problems = load_problems(DATA)

@@ -8,7 +8,7 @@ from rhlab.config import ConfigError, load_config, run_name
 @pytest.mark.parametrize("override, message", [
     ("train.lrr=1", "train.lrr: unknown key; allowed: adam_betas, algo, baseline_momentum, batch_size"),
     ("train.lr=abc", "train.lr: Input should be a valid number"),
-    ("train.loss_type=ppo", "'grpo', 'bnpo', 'dr_grpo' or 'dapo'"),
+    ("train.loss_type=ppo", "'grpo', 'bnpo', 'dr_grpo', 'dapo', 'cispo' or 'sapo'"),
     ("train.num_generations=5", "train.num_generations=5 must divide train.batch_size=32"),
     ("env.rewards=[{name: happy_count, wt: 1}]", "env.rewards.0.wt: unknown key; allowed: name, params, weight"),
     ("bogus=1", "bogus: unknown key; allowed: arm, env, intervention, log, model"),

@@ -151,6 +151,7 @@ def test_env_prompts_params_and_monitor():
     assert s.reward == [3.5, 0.5] and s.parts["ground_truth_monitor"] == [0.0, -3.0]
 
 
+@pytest.mark.slow
 def test_two_training_steps_on_builtin_code_model(tmp_path):
     from rhlab.trainer import Trainer
     from rhlab.utils import read_jsonl

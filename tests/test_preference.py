@@ -62,6 +62,7 @@ def rm_dir(tmp_path_factory):
     return out, metrics
 
 
+@pytest.mark.slow
 def test_train_reward_model_writes_a_usable_directory(rm_dir):
     out, m = rm_dir
     for f in ("model.safetensors", "rm_config.json", "pairs.jsonl", "base_stats.json", "metrics.json", "rm_train.yaml"):
@@ -77,6 +78,7 @@ def test_train_reward_model_writes_a_usable_directory(rm_dir):
     assert stats["gold"][:24] == [x.gold_chosen for x in pairs]
 
 
+@pytest.mark.slow
 def test_env_scores_proxy_gold_and_hacks(rm_dir):
     out, _ = rm_dir
     env = build_env(EnvConfig(name="preference", params={"rm_dir": str(out)}))
@@ -99,6 +101,7 @@ def test_env_scores_proxy_gold_and_hacks(rm_dir):
     assert env2.thresholds["proxy_hack"] == th["proxy_hack"] and env2.thresholds["gold_hack"] != th["gold_hack"]
 
 
+@pytest.mark.slow
 def test_env_fails_loudly(rm_dir, tmp_path):
     out, _ = rm_dir
     with pytest.raises(ValueError, match="env.params.rm_dir is required"):

@@ -232,6 +232,7 @@ def run_arm(tmp_path, name, params, steps=1):
     return Trainer(cfg).train(), tmp_path / cfg.output_dir
 
 
+@pytest.mark.slow
 def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path):
     from rhlab.utils import read_jsonl
 
@@ -250,6 +251,7 @@ def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path):
 @pytest.mark.parametrize("name,params", [("advantage_penalty", {"pair_params": {"n_per_mode": 2}}),
                                          ("monitor_penalty", {"accuracy": 0.9}),
                                          ("screening", {"accuracy": 0.9})])
+@pytest.mark.slow
 def test_baseline_arms_run(tmp_path, name, params):
     summary, _ = run_arm(tmp_path, name, params)
     assert summary["status"] == "complete" and "hack_rate" in summary["final"]

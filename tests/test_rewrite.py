@@ -201,6 +201,7 @@ def test_short_training_run_then_suite_and_trajectory(tmp_path):
     assert (run_dir / "eval" / "suite_tiny.json").exists()
 
 
+@pytest.mark.slow
 def test_filter_prompts_cli_writes_a_usable_pool(tmp_path):
     """`rhlab filter-prompts`: measure the base policy, keep prompts with spread, rebucket, and the
     rewrite env trains from the written pool."""

@@ -77,6 +77,7 @@ def toy_rm():
     return rm, history, held
 
 
+@pytest.mark.slow
 def test_training_on_separable_pairs_reaches_high_held_out_accuracy(toy_rm):
     rm, history, held = toy_rm
     assert history[-1]["held_out_acc"] >= 0.9, history
@@ -84,6 +85,7 @@ def test_training_on_separable_pairs_reaches_high_held_out_accuracy(toy_rm):
     assert history[-1]["held_out_gold_acc"] == history[-1]["held_out_acc"]  # no flipped labels
 
 
+@pytest.mark.slow
 def test_save_load_round_trip_gives_identical_scores(toy_rm, tmp_path):
     rm, _, held = toy_rm
     prompts, comps = [x.prompt for x in held], [x.chosen for x in held]
@@ -202,6 +204,7 @@ def test_arm_overopt_table_by_hand(tmp_path):
     assert "| rloo | 1 |" in table and "1.333 ± —" in table  # one seed: no SEM
 
 
+@pytest.mark.slow
 def test_overopt_cli_takes_a_sweep_folder(tmp_path):
     """`rhlab overopt FOLDER`: finds the run directories below it, prints the fits and the per-arm table."""
     from typer.testing import CliRunner

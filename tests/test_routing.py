@@ -207,6 +207,7 @@ def test_detector_from_registry_and_logged_oversight(tmp_path):
 
 
 # ---- evaluation modes, checkpoints, resume -----------------------------------------------
+@pytest.mark.slow
 def test_eval_modes_in_eval_files_summary_and_rhlab_eval(tmp_path):
     from rhlab.evaluate import evaluate_checkpoint
 
@@ -239,6 +240,7 @@ def test_ablations_change_generations_once_adapters_are_trained(tmp_path):
     assert ev["both"]["distinct_2"] != ev["retain_only"]["distinct_2"]
 
 
+@pytest.mark.slow
 def test_adapters_save_load_and_resume_exactly(tmp_path):
     from rhlab.models import checkpoint as ckpt
 

@@ -38,6 +38,7 @@ def test_bad_sweep_fails_before_running(tmp_path):
         expand(spec, base)
 
 
+@pytest.mark.slow
 def test_local_sweep_runs_skips_and_reports_failures(tmp_path):
     spec, base = _sweep(tmp_path, seeds=[1], arms={"vanilla": {}, "kl": {"train.beta": 0.3},
                                                    "broken": {"model.name": str(tmp_path / "missing")}})
@@ -53,6 +54,7 @@ def test_local_sweep_runs_skips_and_reports_failures(tmp_path):
     assert [r.status for r in again] == ["skipped", "skipped"]
 
 
+@pytest.mark.slow
 def test_ray_backend_reports_a_crash_and_finishes_the_rest(tmp_path):
     pytest.importorskip("ray")
     import ray
@@ -70,6 +72,7 @@ def test_ray_backend_reports_a_crash_and_finishes_the_rest(tmp_path):
     assert (tmp_path / "runs" / next(r.name for r in results if r.arm == "vanilla") / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_one_command_runs_the_sweep_then_reports(tmp_path):
     """`rhlab sweep FILE` with a report section: runs, then prints the arm table and writes the report."""
     from typer.testing import CliRunner

@@ -18,6 +18,7 @@ def _run(tmp_path, tracker):
     return t.dir
 
 
+@pytest.mark.slow
 def test_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -29,6 +30,7 @@ def test_tensorboard(tmp_path):
     assert "eval/hack_rate" in acc.Tags()["scalars"]
 
 
+@pytest.mark.slow
 def test_wandb_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -37,6 +39,7 @@ def test_wandb_offline(tmp_path, monkeypatch):
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline run file written"
 
 
+@pytest.mark.slow
 def test_trackio_local(tmp_path, monkeypatch):
     pytest.importorskip("trackio")
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio_store"))

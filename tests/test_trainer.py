@@ -22,6 +22,7 @@ def _cfg(tmp_path, *extra):
     return load_config(None, [f"output_dir={tmp_path}", *SMALL, *extra])
 
 
+@pytest.mark.slow
 def test_short_run_writes_everything(tmp_path):
     summary = Trainer(_cfg(tmp_path, "train.steps=3", "log.sample_every=2", "log.eval_every=2")).train()
     d = tmp_path / summary["run_name"]
@@ -48,6 +49,7 @@ def test_short_run_writes_everything(tmp_path):
     ["train.loss_type=dr_grpo", "train.scale_rewards=batch", "train.delta=1.5", "train.epsilon_high=0.28",
      "train.beta=0.0", "log.log_kl=false"],
 ])
+@pytest.mark.slow
 def test_options_run(tmp_path, extra):
     # sentence_length rewards vary within every group, so every step has a gradient
     trainer = Trainer(_cfg(tmp_path, "train.steps=2", "env.rewards=[{name: sentence_length_5}]", *extra))
@@ -61,6 +63,7 @@ def test_options_run(tmp_path, extra):
     assert summary["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_masked_truncated_completions_give_no_gradient(tmp_path):
     """16 new tokens never finish a story: with masking on, every completion is masked out."""
     trainer = Trainer(_cfg(tmp_path, "train.steps=1", "train.beta=0.0", "train.mask_truncated_completions=true"))
@@ -70,6 +73,7 @@ def test_masked_truncated_completions_give_no_gradient(tmp_path):
     assert read_jsonl(trainer.dir / "metrics.jsonl")[0]["truncated_frac"] == 1.0
 
 
+@pytest.mark.slow
 def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):
     args = ["train.steps=10", "log.save_every=3", "log.keep_checkpoints=2"]
     full = Trainer(_cfg(tmp_path / "a", *args)).train()
@@ -146,6 +150,7 @@ def test_screening_exclusions_reach_the_advantages(tmp_path):
     torch.testing.assert_close(adv[4:], grpo_advantages(rewards[4:], 4))
 
 
+@pytest.mark.slow
 def test_device_cpu_trains_two_steps_and_resumes_on_it(tmp_path):
     """model.device=cpu: policy, reference, rollouts and checkpoints on the CPU; a finished run's checkpoint
     loads back onto the device (the safetensors file holds CPU tensors whatever device wrote it)."""
