@@ -1,7 +1,7 @@
 """The RL loop, readable top to bottom (see docs/architecture.md).
 
 Each step: sample prompts -> generate rollouts -> score -> intervention.on_scored ->
-advantages -> num_iterations x (accumulated micro-batch losses -> backward ->
+advantages (intervention.advantages may replace them) -> num_iterations x (accumulated micro-batch losses -> backward ->
 intervention.on_gradients -> clip -> optimizer step) -> log. Evaluate, sample and
 checkpoint on schedule; a killed run resumes from its last checkpoint.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advantages, screened_advantages
+from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advantages
 from rhlab.algos.losses import Norm, k3_kl, policy_loss
 from rhlab.config import ConfigError, RunConfig, run_name
 from rhlab.envs.base import Scores, build_env
@@ -48,6 +48,7 @@ class Batch:
     scores: Scores
     rewards: torch.Tensor  # [B] what advantages are computed from (hooks may change it)
     extra: dict = field(default_factory=dict)  # per-completion labels hooks attach
+    ref_logp: torch.Tensor | None = None  # [B, T] reference log-probs, when computed before the loss (kl_in_reward)
 
 
 def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool = False,
@@ -186,12 +187,6 @@ class Trainer:
 
     def advantages(self, batch: Batch) -> torch.Tensor:
         t = self.cfg.train
-        exclude = batch.extra.get("exclude")
-        if exclude is not None:  # screening: group statistics over kept members only, excluded get A = 0
-            if t.algo != "grpo":
-                raise ValueError("an intervention excluded completions (screening): needs train.algo=grpo")
-            return screened_advantages(batch.rewards, exclude.to(batch.rewards.device), t.num_generations,
-                                       t.scale_rewards)
         if t.algo == "rloo":
             return rloo_advantages(batch.rewards, t.num_generations)
         if t.algo == "reinforce":
@@ -204,7 +199,7 @@ class Trainer:
         r = batch.rollouts
         ref = torch.cat([self.ref_logprobs(r.select(idx)) for idx in torch.arange(len(r), device=self.device).chunk(
             self.cfg.train.gradient_accumulation_steps)])
-        batch.extra["ref_logp"] = ref
+        batch.ref_logp = ref
         seq_kl = ((r.logprobs - ref) * r.completion_mask).sum(1)
         batch.rewards = batch.rewards - self.cfg.train.beta * seq_kl
         return {"seq_kl": float(seq_kl.mean())}
@@ -212,7 +207,7 @@ class Trainer:
     def optimize(self, batch: Batch, adv: torch.Tensor, timings: dict) -> dict:
         """num_iterations optimizer updates on one generation batch, micro-batched. An intervention
         may split each micro-batch into groups, each with its own forward/backward pass inside a
-        context (gradient routing); per-sequence loss shares make the split exact."""
+        context (e.g. one that masks some adapters' gradients); per-sequence loss shares make the split exact."""
         t, r = self.cfg.train, batch.rollouts
         mask = r.completion_mask.clone()
         if t.mask_truncated_completions:
@@ -222,7 +217,7 @@ class Trainer:
         total_tokens = float(mask.sum())
         loss_beta = 0.0 if t.kl_in_reward else t.beta
         t0 = time.perf_counter()
-        ref = batch.extra.get("ref_logp")
+        ref = batch.ref_logp
         if ref is None and self.need_ref:
             ref = torch.cat([self.ref_logprobs(r.select(idx)) for idx in chunks])
         timings["logprobs"] += time.perf_counter() - t0
@@ -279,7 +274,7 @@ class Trainer:
         batch = Batch(prompts, texts, r, scores, torch.tensor(scores.reward, dtype=torch.float32, device=self.device))
         self.intervention.on_scored(self, batch)
         kl_stats = self.fold_kl_into_reward(batch) if t.kl_in_reward else {}
-        adv = self.advantages(batch)
+        adv = self.intervention.advantages(self, batch, self.advantages(batch))
         timings["score"] = time.perf_counter() - t0
         stats = self.optimize(batch, adv, timings)
         grouped = batch.rewards.view(-1, t.num_generations)

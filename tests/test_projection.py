@@ -277,3 +277,59 @@ def test_sweep_arms_equal_the_arm_configs_and_the_hypotheses_name_them():
         assert {k: v for k, v in swept.items() if k not in drop} == {k: v for k, v in own.items() if k not in drop}, r.arm
     hyps = load_hypotheses(configs / "hypotheses_projection.yaml")
     validate(hyps, list(files), ["hack_rate", "pass_rate", "safe_pass"])
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop_after(trainer, step):
+    """Make trainer.train() die (like a kill) once `step` has run and been checkpointed."""
+    run_step = trainer.train_step
+
+    def train_step(s):
+        if s > step:
+            raise _Stopped(f"stopped after step {step}")
+        return run_step(s)
+
+    trainer.train_step = train_step
+
+
+@pytest.mark.parametrize("name,params", [
+    ("svd_projection", {"pair_params": {"n_per_mode": 2}, "heldout_frac": 0.5, "window": 10}),
+    ("screening", {"accuracy": 0.7})])
+@pytest.mark.slow
+def test_arm_resumes_exactly_after_a_stop(tmp_path, name, params):
+    """Stopped after 2 of 4 steps and resumed: the same metrics, and the same final evaluation, whose
+    projection diagnostics average the whole window, steps before the resume included (intervention
+    state in the checkpoint)."""
+    from rhlab.config import load_config
+    from rhlab.trainer import Trainer
+    from rhlab.utils import read_jsonl
+
+    params = {"svd": {"cache_dir": str(tmp_path / "cache")}, **params}
+
+    def cfg(out):
+        return load_config(None, [f"output_dir={out}", "train.steps=4", *SMALL, "log.save_every=2", f"arm={name}",
+                                  f"intervention={{name: {name}, params: {params}}}"])
+
+    full = Trainer(cfg(tmp_path / "a")).train()
+    stopped = Trainer(cfg(tmp_path / "b"))
+    _stop_after(stopped, 2)
+    with pytest.raises(_Stopped):
+        stopped.train()
+    assert (stopped.dir / "checkpoints" / "step_00002").exists() and not (stopped.dir / "summary.json").exists()
+    resumed = Trainer(cfg(tmp_path / "b")).train()
+    a = read_jsonl(tmp_path / "a" / full["run_name"] / "metrics.jsonl")
+    b = read_jsonl(stopped.dir / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    keys = [k for k in a[0] if not k.startswith("time/") and k != "step_time"]
+    for ra, rb in zip(a, b):
+        for k in keys:
+            assert rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-7, nan_ok=True), (ra["step"], k)
+    assert resumed["final"].keys() == full["final"].keys()
+    for k, v in full["final"].items():
+        assert resumed["final"][k] == pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True), k
+    if name == "svd_projection":  # the window mean covers all 4 steps, 2 of them run before the resume
+        for k in ("mean_cos", "std_cos", "grad_norm", "frac_fired"):
+            assert resumed["final"][f"proj/{k}"] == pytest.approx(sum(r[f"proj/{k}"] for r in b) / 4, rel=1e-12), k

@@ -135,15 +135,17 @@ def test_kl_in_reward_vs_kl_in_loss_bookkeeping(tmp_path):
 
 
 def test_screening_exclusions_reach_the_advantages(tmp_path):
-    """An intervention's batch.extra["exclude"] drops completions from their group's statistics (A = 0)."""
+    """Screening's advantages hook drops excluded completions from their group's statistics (A = 0)."""
     from rhlab.algos.advantages import grpo_advantages
+    from rhlab.interventions.penalties import Screening
     from rhlab.trainer import Batch
 
     t = Trainer(_cfg(tmp_path))
     rewards = torch.tensor([1.0, 0.0, 5.0, 2.0, 1.0, 1.0, 0.0, 3.0])
     exclude = torch.tensor([False, False, True, False, False, False, False, False])
     batch = Batch([], [], None, None, rewards, extra={"exclude": exclude})
-    adv = t.advantages(batch)
+    assert torch.equal(t.intervention.advantages(t, batch, t.advantages(batch)), grpo_advantages(rewards, 4))
+    adv = Screening(svd={"enabled": False}).advantages(t, batch, t.advantages(batch))
     assert adv[2] == 0
     kept = grpo_advantages(torch.tensor([1.0, 0.0, 2.0]), 3)
     torch.testing.assert_close(adv[[0, 1, 3]], kept)

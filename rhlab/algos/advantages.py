@@ -59,7 +59,7 @@ class MovingBaseline:
 
 
 def screened_advantages(rewards: torch.Tensor, exclude: torch.Tensor, G: int, scale: str = "group") -> torch.Tensor:
-    """Exact screening for GRPO (what the trainer should call when batch.extra has "exclude"):
+    """Exact screening for GRPO (the screening intervention's advantages):
     mean and std over each group's kept members only; excluded members and groups with fewer than
     2 kept members get A = 0. "batch" scaling uses the std of all kept rewards."""
     assert rewards.shape == exclude.shape and rewards.numel() % G == 0

@@ -10,10 +10,11 @@ advantage_penalty  Rebound-style (Wu & Tang 2026, section 3.2): per completion
 monitor_penalty    r <- r - penalty when a detector of the given accuracy flags the completion
                    (the env's hack flag, flipped with probability 1 - accuracy; seeded per step).
 screening          flagged completions leave their group's statistics and get A = 0: on_scored
-                   sets batch.extra["exclude"], which Trainer.advantages honours exactly
-                   (screened_advantages). Fallback for a loop that ignores the mask: excluded
-                   rewards are set to their group's kept mean (exact for scale_rewards=none; under
-                   group scaling the kept advantages would be sqrt((G-1)/(k-1)) too large).
+                   sets batch.extra["exclude"], and the advantages hook replaces the trainer's
+                   advantages with screened_advantages over the kept members. batch.rewards (logged
+                   as reward_trained_mean) holds excluded rewards at their group's kept mean (the
+                   same advantages for scale_rewards=none; under group scaling the kept ones would
+                   be sqrt((G-1)/(k-1)) too large, hence the hook).
 """
 
 from __future__ import annotations
@@ -162,6 +163,12 @@ class Screening(SVDArm):
         batch.extra["exclude"] = flags
         batch.rewards = screened_rewards(batch.rewards, flags, trainer.cfg.train.num_generations)
         self._m = {"monitor/flag_rate": float(flags.float().mean())}
+
+    def advantages(self, trainer, batch, adv):
+        """Group statistics over the kept members only; excluded completions get A = 0."""
+        t = trainer.cfg.train
+        return screened_advantages(batch.rewards, batch.extra["exclude"].to(batch.rewards.device),
+                                   t.num_generations, t.scale_rewards)
 
     def metrics(self) -> dict[str, float]:
         return self._m

@@ -153,6 +153,16 @@ class Projection(SVDArm):
         self.history.append(row)
         return {f"proj/{k}": v for k, v in row.items()}
 
+    def state_dict(self) -> dict:
+        """The per-step diagnostics, so a resumed run's window means cover the steps before the resume."""
+        return {"history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "history" not in state:
+            raise ValueError(f"intervention {self.name}: checkpoint lacks its diagnostics history; "
+                             f"state keys: {sorted(state)}")
+        self.history = [dict(row) for row in state["history"]]
+
     def extra_evals(self, trainer) -> dict[str, dict]:
         """The diagnostics' mean over the last `window` steps (none before the first step)."""
         recent = self.history[-self.window:]

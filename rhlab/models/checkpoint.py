@@ -49,7 +49,8 @@ def save(trainer, root: Path, step: int, keep: int = 1) -> Path:
     (tmp / "state.json").write_text(json.dumps({"step": step, "run_name": trainer.name,
                                                 "model": trainer.cfg.model.name,
                                                 "lora": trainer.cfg.model.lora.enabled,
-                                                "baseline": trainer.baseline.state() if trainer.baseline else None}))
+                                                "baseline": trainer.baseline.state() if trainer.baseline else None,
+                                                "intervention": trainer.intervention.state_dict()}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(root.glob("step_*"))[:-keep]:
@@ -84,3 +85,5 @@ def load(trainer, ckpt_dir: Path) -> None:
     trainer.step = state["step"]
     if trainer.baseline is not None:
         trainer.baseline.load(state["baseline"])
+    # checkpoints written before interventions kept state hold none: an arm that needs some says so
+    trainer.intervention.load_state_dict(state.get("intervention", {}))
