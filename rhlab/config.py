@@ -263,9 +263,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     data = read_yaml(path, overrides)
     source = str(path) if path is not None else "defaults"
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format(e, source)) from None
+    try:
+        check_params(cfg)
+    except ValueError as e:
+        raise ConfigError(f"invalid config ({source}): {e}") from None
+    return cfg
+
+
+def check_params(cfg: RunConfig) -> None:
+    """The nested params (env, rewards, detector, intervention) against what each registered
+    component declares, before any model loads; ValueError naming the key."""
+    from rhlab.envs.base import check_env_params
+    from rhlab.interventions.base import INTERVENTIONS, load_interventions
+    from rhlab.rewards.registry import DETECTORS, REWARDS
+
+    env = check_env_params(cfg.env.name, cfg.env.params)
+    if getattr(env, "registry_rewards", False):  # other environments name and check their own rewards
+        for i, r in enumerate(cfg.env.rewards):
+            REWARDS.check(r.name, r.params, f"env.rewards[{i}]")
+    if getattr(env, "registry_detector", False):
+        DETECTORS.check(cfg.env.detector.name, cfg.env.detector.params, "env.detector")
+    load_interventions()
+    INTERVENTIONS.check(cfg.intervention.name, cfg.intervention.params, "intervention")
 
 
 # ---- run names -------------------------------------------------------------------------

@@ -32,20 +32,37 @@ def test_missing_file_and_bad_override_syntax(tmp_path):
         load_config(bad)
 
 
-def test_unknown_reward_and_detector_names_fail_when_building():
-    from rhlab.envs.base import build_env
+@pytest.mark.parametrize("overrides, message", [
+    (["env.rewards=[{name: happy_cnt}]"], "env.rewards[0].name: unknown reward 'happy_cnt'; allowed: happy_binary"),
+    (["env.detector.name=nope"], "env.detector.name: unknown hack detector 'nope'; allowed:"),
+    (["env.rewards=[{name: happy_count, params: {max: 3}}]"],
+     "env.rewards[0].params.max: unknown key for reward 'happy_count'; allowed: max_count"),
+    (["env.name=nope"], "env.name: unknown environment 'nope'; allowed: happy_stories"),
+    (["env.params.foo=1"], "env.params.foo: unknown key for env 'happy_stories'; allowed: n_prompt_sentences, "
+                           "pass_threshold, prompt_pool"),
+    (["env.params.prompt_pool=many"], "env.params.prompt_pool: Input should be a valid integer"),
+    (["intervention.params.foo=1"], "intervention.params.foo: unknown key for intervention 'vanilla'; allowed: none"),
+    (["intervention.name=screening", "intervention.params.foo=1"],
+     "intervention.params.foo: unknown key for intervention 'screening'; allowed: accuracy, detector, svd"),
+    (["intervention.name=screening", "intervention.params.accuracy=high"],
+     "intervention.params.accuracy: Input should be a valid number"),
+    (["intervention.name=nope"], "intervention.name: unknown intervention 'nope'; allowed:"),
+])
+def test_nested_params_fail_at_load_in_one_line(overrides, message):
+    """env, reward, detector and intervention params are checked against their declared params at load."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
 
-    cfg = load_config(None, ["env.rewards=[{name: happy_cnt}]"])
-    with pytest.raises(ValueError, match="unknown reward 'happy_cnt'; allowed: happy_binary, happy_count"):
-        build_env(cfg.env)
-    cfg = load_config(None, ["env.detector.name=nope"])
-    with pytest.raises(ValueError, match="unknown hack detector 'nope'; allowed:"):
-        build_env(cfg.env)
-    cfg = load_config(None, ["env.rewards=[{name: happy_count, params: {max: 3}}]"])
-    with pytest.raises(ValueError, match=r"unknown params \['max'\]; allowed: \['max_count'\]"):
-        build_env(cfg.env)
-    with pytest.raises(ValueError, match="unknown environment 'nope'; allowed: happy_stories"):
-        build_env(load_config(None, ["env.name=nope"]).env)
+
+def test_range_errors_in_arms_are_value_errors_not_asserts():
+    from rhlab.interventions.penalties import Monitor
+    from rhlab.interventions.projection import Projection
+
+    with pytest.raises(ValueError, match=r"intervention.params.accuracy must be in \[0, 1\], got 1.5"):
+        Monitor(1.5, None)
+    with pytest.raises(ValueError, match="intervention.params.window must be > 0, got 0"):
+        Projection(window=0)
 
 
 def test_run_name_carries_non_default_hyperparameters_and_seed():

@@ -140,7 +140,7 @@ def test_env_prompts_params_and_monitor():
     assert len(orig.train) == 10 and all("should pass all tests" in m.prompt for m in orig.train)
     with pytest.raises(KeyError, match="not a prompt"):
         env.score(["hello"], ["x"])
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="env.params.colour: unknown key for env .minicode.; allowed: allow_hint"):
         _env("env.params.colour=1")
     with pytest.raises(ValueError, match="does not fit"):
         _env("env.rewards=[{name: happy_binary}]")

@@ -39,6 +39,17 @@ def test_bad_sweep_fails_before_running(tmp_path):
 
 
 @pytest.mark.slow
+def test_unknown_intervention_param_fails_the_dry_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
+
+    _sweep(tmp_path, arms={"vanilla": {"intervention.params.foo": 1}})
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--dry-run"])
+    assert res.exit_code != 0
+    assert "intervention.params.foo: unknown key for intervention 'vanilla'; allowed: none" in res.output
+
+
 def test_local_sweep_runs_skips_and_reports_failures(tmp_path):
     spec, base = _sweep(tmp_path, seeds=[1], arms={"vanilla": {}, "kl": {"train.beta": 0.3},
                                                    "broken": {"model.name": str(tmp_path / "missing")}})

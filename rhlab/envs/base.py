@@ -58,6 +58,28 @@ def env_params(given: dict, defaults: dict, env: str) -> dict:
     return {**defaults, **given}
 
 
+def check_env_params(name: str, params: dict) -> type:
+    """env.params against the environment's declared ones (PARAMS_MODEL, or DEFAULT_PARAMS typed by
+    their defaults); a one-line ValueError naming the key."""
+    from typing import Any
+
+    from pydantic import ConfigDict, create_model
+
+    from rhlab.rewards.registry import validate_params
+
+    load_builtin_envs()
+    if name not in ENVS:
+        raise ValueError(f"env.name: unknown environment {name!r}; allowed: {', '.join(sorted(ENVS))}")
+    cls = ENVS[name]
+    model = getattr(cls, "PARAMS_MODEL", None)
+    if model is None:
+        defaults = getattr(cls, "DEFAULT_PARAMS", {})
+        model = create_model(f"{name}_params", __config__=ConfigDict(extra="forbid"),
+                             **{k: (Any if v is None else type(v), v) for k, v in defaults.items()})
+    validate_params(model, params, "env.params", f"env {name!r}")
+    return cls
+
+
 def load_builtin_envs() -> None:
     """Importing an environment module registers it and its rewards and detectors."""
     import rhlab.envs.leetcode_rl  # noqa: F401

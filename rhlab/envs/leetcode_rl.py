@@ -70,9 +70,12 @@ class LeetCode(MiniCode):
         for key in ("allow_hint", "enable_thinking"):
             if not isinstance(p[key], bool):
                 raise ValueError(f"env.params.{key} must be true or false, got {p[key]!r}")
-        assert p["workers"] >= 1 and p["timeout_s"] > 0 and p["n_problems"] >= 0 and p["max_prompt_tokens"] >= 0, \
-            f"env.params: bad values {p}"
-        assert 0 < p["eval_frac"] < 1, f"env.params.eval_frac must be in (0, 1), got {p['eval_frac']}"
+        for key, ok, rule in [("workers", p["workers"] >= 1, ">= 1"), ("timeout_s", p["timeout_s"] > 0, "> 0"),
+                              ("n_problems", p["n_problems"] >= 0, ">= 0"),
+                              ("max_prompt_tokens", p["max_prompt_tokens"] >= 0, ">= 0"),
+                              ("eval_frac", 0 < p["eval_frac"] < 1, "in (0, 1)")]:
+            if not ok:
+                raise ValueError(f"env.params.{key} must be {rule}, got {p[key]!r}")
         if cfg.detector.params or cfg.detector.name != "happy_density":
             raise ValueError("env.detector: the leetcode env labels hacks with the grader; leave env.detector unset")
         self.params, self.tok = p, tokenizer
@@ -99,7 +102,8 @@ class LeetCode(MiniCode):
                 raise ValueError(f"env.params.eval_frac={p['eval_frac']} leaves no training problems of {len(train)}")
             held, train = order[:k], order[k:]
         if p["n_problems"]:
-            assert p["n_problems"] <= len(train), f"env.params.n_problems: at most {len(train)} training problems"
+            if p["n_problems"] > len(train):
+                raise ValueError(f"env.params.n_problems: at most {len(train)} training problems, got {p['n_problems']}")
             train = random.Random(p["split_seed"]).sample(train, p["n_problems"])
         return train, held
 

@@ -101,14 +101,18 @@ class MiniCode:
         check_variant(p["variant"])
         if not isinstance(p["allow_hint"], bool):
             raise ValueError(f"env.params.allow_hint must be true or false, got {p['allow_hint']!r}")
-        assert p["workers"] >= 1 and p["timeout_s"] > 0 and p["n_tasks"] >= 0, f"env.params: bad values {p}"
+        for key, ok, rule in [("workers", p["workers"] >= 1, ">= 1"), ("timeout_s", p["timeout_s"] > 0, "> 0"),
+                              ("n_tasks", p["n_tasks"] >= 0, ">= 0")]:
+            if not ok:
+                raise ValueError(f"env.params.{key} must be {rule}, got {p[key]!r}")
         if cfg.detector.params or cfg.detector.name != "happy_density":
             raise ValueError("env.detector: the minicode env labels hacks with the grader; leave env.detector unset")
         self.params = p
         self.rewards = _reward_specs(cfg)
         train, held = split_tasks(p["eval_frac"], p["split_seed"])
         if p["n_tasks"]:
-            assert p["n_tasks"] <= len(train), f"env.params.n_tasks: at most {len(train)} training tasks"
+            if p["n_tasks"] > len(train):
+                raise ValueError(f"env.params.n_tasks: at most {len(train)} training tasks, got {p['n_tasks']}")
             train = random.Random(p["split_seed"]).sample(train, p["n_tasks"])
         self.train = build_problems(train, p["variant"])
         self.held = build_problems(held, p["variant"])

@@ -163,6 +163,7 @@ def hack_flags(proxy: list[float], gold: list[float], proxy_hi: float, gold_lo: 
 @register_env("preference")
 class PreferenceEnv(StoryPrompts):
     name = "preference"
+    PARAMS_MODEL = PreferenceParams
 
     def __init__(self, cfg):
         self.params = p = _parse_params(dict(cfg.params))

@@ -177,7 +177,8 @@ class StyleScorer:
     def __init__(self, n_stories: int = 300, seed: int = 0, alpha: float = 1.0):
         from sklearn.linear_model import Ridge
 
-        assert n_stories > 0 and alpha > 0, f"style params: n_stories and alpha must be > 0 (got {n_stories}, {alpha})"
+        if not (n_stories > 0 and alpha > 0):
+            raise ValueError(f"style params: n_stories and alpha must be > 0 (got {n_stories}, {alpha})")
         texts, labels = labelled_examples(n_stories, seed)
         self.model = Ridge(alpha=alpha).fit(np.array([text_features(t) for t in texts]), np.array(labels))
 
@@ -231,7 +232,9 @@ class FactDropOrShort:
 
 @DETECTORS.register("fact_drop_or_short")
 def fact_drop_or_short(short_words: int = 8, reward_threshold: float = 0.55, min_missing: int = 1):
-    assert short_words >= 0 and min_missing >= 1, "fact_drop_or_short: short_words >= 0, min_missing >= 1"
+    if short_words < 0 or min_missing < 1:
+        raise ValueError(f"env.detector.params (fact_drop_or_short): short_words must be >= 0 and min_missing >= 1, "
+                         f"got {short_words}, {min_missing}")
     return FactDropOrShort(short_words, reward_threshold, min_missing)
 
 
@@ -275,7 +278,9 @@ class RewriteEnv:
         bad = [x for x in profiles if x not in TEMPLATES]
         if bad:
             raise ValueError(f"env.params.profiles: unknown {bad}; allowed: {', '.join(PROFILES)}")
-        assert p["pool_size"] > 0 and p["eval_pool_size"] > 0, "env.params: pool sizes must be > 0"
+        if p["pool_size"] <= 0 or p["eval_pool_size"] <= 0:
+            raise ValueError(f"env.params: pool_size and eval_pool_size must be > 0, got "
+                             f"{p['pool_size']}, {p['eval_pool_size']}")
         eval_pools = {k: make_pool(k, p["eval_pool_size"], EVAL_SEED) for k in sorted(profiles)}
         held_out = frozenset(x for v in eval_pools.values() for x in v)
         # round-robin over profiles: any eval_prompts(n) covers the profiles evenly
@@ -297,7 +302,9 @@ class RewriteEnv:
         return [rng.choice(self.prompts) for _ in range(n)]
 
     def eval_prompts(self, n: int) -> list[str]:
-        assert n <= len(self._eval), f"rewrite: at most {len(self._eval)} eval prompts (env.params.eval_pool_size)"
+        if n > len(self._eval):
+            raise ValueError(f"log.eval_prompts={n}: the rewrite env holds {len(self._eval)} eval prompts "
+                             "(env.params.eval_pool_size)")
         return self._eval[:n]
 
     def score(self, prompts: list[str], completions: list[str]) -> Scores:

@@ -29,7 +29,8 @@ def sentences(text: str) -> list[str]:
 @REWARDS.register("happy_count")
 def happy_count(max_count: int = 8):
     """Occurrences of "happy", scaled to 0..1 (saturates at max_count)."""
-    assert max_count > 0
+    if max_count <= 0:
+        raise ValueError(f"happy_count: max_count must be > 0, got {max_count}")
     return lambda prompts, comps: [min(words(c).count("happy"), max_count) / max_count for c in comps]
 
 
@@ -41,7 +42,8 @@ def happy_binary():
 @REWARDS.register_pattern(r"sentence_length_(?P<n>\d+)", "sentence_length_N")
 def sentence_length(n: int):
     """Mean over sentences of max(0, 1 - |words - n| / n): rewards sentences of exactly n words."""
-    assert n > 0
+    if n <= 0:
+        raise ValueError(f"sentence_length_N: N must be > 0, got {n}")
 
     def fn(prompts, comps):
         out = []
@@ -107,7 +109,8 @@ class StoryPrompts:
         return [rng.choice(self.prompts) for _ in range(n)]
 
     def eval_prompts(self, n: int) -> list[str]:
-        assert n <= len(self._eval), f"at most {len(self._eval)} eval prompts"
+        if n > len(self._eval):
+            raise ValueError(f"log.eval_prompts={n}: at most {len(self._eval)} eval prompts")
         return self._eval[:n]
 
 
@@ -115,6 +118,7 @@ class StoryPrompts:
 class HappyStories(StoryPrompts):
     name = "happy_stories"
     DEFAULT_PARAMS = {"n_prompt_sentences": 1, "prompt_pool": 2000, "pass_threshold": 0.5}
+    registry_rewards = registry_detector = True  # env.rewards / env.detector from REWARDS / DETECTORS
 
     def __init__(self, cfg):
         self.params = params = env_params(cfg.params, self.DEFAULT_PARAMS, self.name)

@@ -68,11 +68,14 @@ def vanilla() -> Intervention:
     return Intervention()
 
 
-def build_intervention(spec) -> Intervention:
+def load_interventions() -> None:
     # intervention modules register themselves on import (one line each)
     import rhlab.interventions.penalties  # noqa: F401  (svd, svd_projection, advantage_penalty, monitor_penalty, screening)
     import rhlab.interventions.routing  # noqa: F401
 
+
+def build_intervention(spec) -> Intervention:
+    load_interventions()
     return INTERVENTIONS.build(spec.name, spec.params)
 
 

@@ -43,7 +43,8 @@ class AdvantagePenalty(SVDArm):
                  pair_params: dict | None = None, modes: list[str] | None = None, center: bool = False,
                  svd: dict | None = None):
         super().__init__(svd)
-        assert alpha >= 0, f"alpha must be >= 0, got {alpha}"
+        if alpha < 0:
+            raise ValueError(f"intervention.params.alpha must be >= 0, got {alpha}")
         self.alpha, self.depth_frac, self.center = alpha, depth_frac, center
         self.pairs, self.pair_params, self.modes = pairs, dict(pair_params or {}), modes
         self._m: dict[str, float] = {}
@@ -99,7 +100,8 @@ class Monitor:
     by (run seed, step), so runs are reproducible and resumable."""
 
     def __init__(self, accuracy: float, detector: dict | None):
-        assert 0 <= accuracy <= 1, f"accuracy must be in [0, 1], got {accuracy}"
+        if not 0 <= accuracy <= 1:
+            raise ValueError(f"intervention.params.accuracy must be in [0, 1], got {accuracy}")
         self.accuracy = accuracy
         self.detector = DETECTORS.build(detector["name"], detector.get("params", {})) if detector else None
 
@@ -116,7 +118,8 @@ class MonitorPenalty(SVDArm):
     def __init__(self, penalty: float = 1.0, accuracy: float = 0.9, detector: dict | None = None,
                  svd: dict | None = None):
         super().__init__(svd)
-        assert penalty >= 0, f"penalty must be >= 0, got {penalty}"
+        if penalty < 0:
+            raise ValueError(f"intervention.params.penalty must be >= 0, got {penalty}")
         self.penalty, self.monitor = penalty, Monitor(accuracy, detector)
         self._m: dict[str, float] = {}
 

@@ -84,8 +84,10 @@ class Projection(SVDArm):
                  direction_seed: int = 0, direction: str | None = None, extract_if_missing: bool = True,
                  allow_failed_validation: bool = False, window: int = 25, svd: dict | None = None):
         super().__init__(svd)
-        assert self.svd["enabled"], "svd_projection needs the SVD adapter (svd.enabled=true)"
-        assert window > 0
+        if not self.svd["enabled"]:
+            raise ValueError("intervention.params.svd.enabled: svd_projection needs the SVD adapter (true)")
+        if window <= 0:
+            raise ValueError(f"intervention.params.window must be > 0, got {window}")
         self.project_on, self.rescale, self.window = project, rescale, window
         self.pairs, self.pair_params, self.modes = pairs, dict(pair_params or {}), modes
         self.heldout_frac, self.direction_seed = heldout_frac, direction_seed
