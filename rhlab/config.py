@@ -32,11 +32,14 @@ class Section(BaseModel):
 
 
 class LoraSpec(Section):
-    enabled: bool = False
-    r: int = Field(8, gt=0)
-    alpha: float = Field(16.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: list(ALL_LINEAR))
+    enabled: bool = Field(False,
+        description="train LoRA adapters (peft) instead of every weight; the reference is then the base model with "
+                    "the adapter disabled")
+    r: int = Field(8, gt=0, description="LoRA rank")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input")
+    target_modules: list[str] = Field(default_factory=lambda: list(ALL_LINEAR),
+        description="names of the linear modules to adapt (default: every attention and MLP projection)")
 
 
 DEVICES = "auto, cpu, cuda, cuda:N"
@@ -44,11 +47,14 @@ _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 class ModelConfig(Section):
-    name: str = "builtin:tiny-stories"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # where policy, reference and every tensor of a step live; auto = cuda when available, else cpu
-    device: str = "auto"
-    lora: LoraSpec = Field(default_factory=LoraSpec)
+    name: str = Field("builtin:tiny-stories",
+        description="the policy: builtin:NAME, a local save_pretrained directory, or a Hub id")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32",
+        description="parameter dtype of policy and reference")
+    device: str = Field("auto",
+        description="where policy, reference and every tensor of a step live: auto (cuda when available, else cpu),"
+                    " cpu, cuda, cuda:N")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA settings")
 
     @field_validator("device")
     @classmethod
@@ -59,60 +65,74 @@ class ModelConfig(Section):
 
 
 class RewardSpec(Section):
-    name: str
-    weight: float = 1.0
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(description="a registered reward (or pattern such as sentence_length_N)")
+    weight: float = Field(1.0, description="its weight in the training reward (sum of weight * part)")
+    params: dict[str, Any] = Field(default_factory=dict,
+        description="keyword params of the reward's factory, checked at load")
 
 
 class DetectorSpec(Section):
-    name: str = "happy_density"
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field("happy_density", description="a registered hack detector")
+    params: dict[str, Any] = Field(default_factory=dict,
+        description="keyword params of the detector's factory, checked at load")
 
 
 class EnvConfig(Section):
-    name: str = "happy_stories"
-    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="happy_count")])
-    detector: DetectorSpec = Field(default_factory=DetectorSpec)
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field("happy_stories",
+        description="the environment (happy_stories, rewrite, preference, minicode, leetcode)")
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="happy_count")],
+        description="reward parts; environments with their own rewards define the names they accept")
+    detector: DetectorSpec = Field(default_factory=DetectorSpec,
+        description="the hack detector that labels completions")
+    params: dict[str, Any] = Field(default_factory=dict,
+        description="the environment's params (its DEFAULT_PARAMS), checked at load")
 
 
 class SamplingSpec(Section):
-    max_new_tokens: int = Field(64, gt=0)
-    temperature: float = Field(1.0, gt=0)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0)  # HF semantics; sampling only, not in the loss
-    # fast = LLaMA static-cache runner; auto = fast when it applies; vllm = the Trainer samples with vLLM
-    # (GPU only, pip install 'rhlab[vllm]'; see docs/performance.md)
-    backend: Literal["auto", "fast", "hf", "vllm"] = "auto"
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)  # vllm only: its share of the GPU memory
-    vllm_max_model_len: Optional[int] = Field(None, gt=0)  # vllm only: prompt + completion tokens; None = the model's
+    max_new_tokens: int = Field(64, gt=0, description="completion length limit in tokens")
+    temperature: float = Field(1.0, gt=0,
+        description="sampling temperature; log-probs are of softmax(logits / temperature)")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens when sampling; 0 = off")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass; 1 = off")
+    repetition_penalty: float = Field(1.0, gt=0, description="HF semantics; sampling only, not in the loss")
+    backend: Literal["auto", "fast", "hf", "vllm"] = Field("auto",
+        description="fast = LLaMA static-cache runner; hf = transformers generate; auto = fast when it applies; "
+                    "vllm = a colocated vLLM engine (GPU only, rhlab[vllm]; docs/performance.md)")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vllm only: its share of the GPU memory")
+    vllm_max_model_len: Optional[int] = Field(None, gt=0,
+        description="vllm only: prompt + completion tokens; None = the model's")
 
 
 class TrainConfig(Section):
-    algo: Literal["grpo", "rloo", "reinforce"] = "grpo"  # how advantages are computed
-    kl_in_reward: bool = False  # fold beta * summed k1 KL into the reward instead of the loss
-    baseline_momentum: float = Field(0.9, ge=0, lt=1)  # reinforce's moving-average baseline
-    steps: int = Field(200, gt=0)
-    batch_size: int = Field(32, gt=0)  # completions per generation batch
-    num_generations: int = Field(16, ge=1)  # completions per prompt (a group); 1 only for reinforce
-    gradient_accumulation_steps: int = Field(1, gt=0)
-    num_iterations: int = Field(1, gt=0)  # optimizer steps per generation batch
-    lr: float = Field(1e-4, gt=0)
-    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = Field(1.0, gt=0)
+    algo: Literal["grpo", "rloo", "reinforce"] = Field("grpo",
+        description="how advantages are computed: grpo (group-normalised), rloo (leave-one-out), reinforce (moving-"
+                    "average baseline)")
+    kl_in_reward: bool = Field(False, description="fold beta * summed k1 KL into the reward instead of the loss")
+    baseline_momentum: float = Field(0.9, ge=0, lt=1, description="reinforce's moving-average baseline momentum")
+    steps: int = Field(200, gt=0, description="generation batches (training steps)")
+    batch_size: int = Field(32, gt=0, description="completions per generation batch")
+    num_generations: int = Field(16, ge=1, description="completions per prompt (a group); 1 only for reinforce")
+    gradient_accumulation_steps: int = Field(1, gt=0,
+        description="micro-batches per generation batch (must divide batch_size)")
+    num_iterations: int = Field(1, gt=0, description="optimizer steps per generation batch (TRL's num_iterations, mu)")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine",
+        description="learning-rate schedule after warmup")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup, in optimizer updates")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] = Field(
         "grpo", description="per-token loss and aggregation, as TRL's loss_type (TRL default dapo): grpo = "
         "per-sequence mean; bnpo = token mean per micro-batch; dr_grpo = / (batch * max_new_tokens); dapo = token "
         "mean over the generation batch; cispo = REINFORCE weighted by the ratio capped at epsilon_high (detached), "
         "dapo's aggregation; sapo = a sigmoid gate instead of the clip, grpo's aggregation (docs/losses.md)")
-    epsilon: float = Field(0.2, gt=0)
-    epsilon_high: Optional[float] = Field(None, gt=0)  # None = epsilon
-    delta: Optional[float] = Field(None, gt=1)  # two-sided clip: ratio capped at delta
-    beta: float = Field(0.02, ge=0)  # k3 KL to the frozen reference
+    epsilon: float = Field(0.2, gt=0, description="lower clip: ratio >= 1 - epsilon")
+    epsilon_high: Optional[float] = Field(None, gt=0,
+        description="upper clip: ratio <= 1 + epsilon_high; None = epsilon")
+    delta: Optional[float] = Field(None, gt=1,
+        description="two-sided clip: ratio capped at delta for negative advantages; None = off")
+    beta: float = Field(0.02, ge=0, description="weight of the k3 KL to the frozen reference")
     kl_bias_correction: bool = Field(
         False, description="multiply the k3 KL term by the importance ratio pi/pi_old, gradient included (TRL's "
         "use_bias_correction_kl, default True there): the unbiased reverse-KL gradient, beta * (logp - ref) per "
@@ -122,11 +142,13 @@ class TrainConfig(Section):
                                         "tokens with A > 0 (TRL's sapo_temperature_pos, same default)")
     sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo only: tau for tokens with A <= 0 "
                                         "(TRL's sapo_temperature_neg, same default)")
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    mask_truncated_completions: bool = False
-    # log-prob passes (policy, reference): packed = padding-free, each distinct prompt once (LLaMA models,
-    # rhlab/models/packed.py); hf = the transformers forward on the padded batch; auto = packed when it applies
-    logprob_backend: Literal["auto", "packed", "hf"] = "auto"
+    scale_rewards: Literal["group", "batch", "none"] = Field("group",
+        description="advantage scaling: group std, batch std or none")
+    mask_truncated_completions: bool = Field(False,
+        description="drop completions that hit max_new_tokens from the loss")
+    logprob_backend: Literal["auto", "packed", "hf"] = Field("auto",
+        description="log-prob passes: packed = padding-free, each distinct prompt once (LLaMA-architecture models);"
+                    " hf = transformers forward on the padded batch; auto = packed when it applies")
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each decoder layer's activations in the backward pass instead of keeping them: "
         "less memory for long completions, one more forward per layer; same gradients"))
@@ -158,22 +180,26 @@ class TrainConfig(Section):
 
 
 class InterventionSpec(Section):
-    name: str = "vanilla"
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field("vanilla", description="the arm's registered intervention (vanilla = none)")
+    params: dict[str, Any] = Field(default_factory=dict,
+        description="keyword params of the intervention's factory, checked at load")
 
 
 class LogConfig(Section):
-    log_every: int = Field(1, gt=0)
-    sample_every: int = Field(10, gt=0)
-    n_samples: int = Field(4, ge=0)  # completions written to samples.jsonl per sample step
-    eval_every: int = Field(0, ge=0)  # 0 = evaluate only at the start and the end
-    eval_prompts: int = Field(64, gt=0)
-    save_every: int = Field(50, ge=0)  # 0 = only the final checkpoint
-    keep_checkpoints: int = Field(1, gt=0)
-    progress: bool = True
-    log_kl: bool = True  # compute KL to the reference for logging even when beta = 0
-    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)  # + metrics.jsonl
-    suite: Optional[str] = None  # evaluation-suite YAML run after training (rhlab/eval/suites.py); gate table printed
+    log_every: int = Field(1, gt=0, description="steps between rows of metrics.jsonl")
+    sample_every: int = Field(10, gt=0, description="steps between samples.jsonl entries")
+    n_samples: int = Field(4, ge=0, description="completions written to samples.jsonl per sample step")
+    eval_every: int = Field(0, ge=0,
+        description="steps between held-out evaluations; 0 = only at the start and the end")
+    eval_prompts: int = Field(64, gt=0, description="held-out prompts per evaluation")
+    save_every: int = Field(50, ge=0, description="steps between checkpoints; 0 = only the final checkpoint")
+    keep_checkpoints: int = Field(1, gt=0, description="checkpoints kept on disk")
+    progress: bool = Field(True, description="show a progress bar")
+    log_kl: bool = Field(True, description="compute KL to the reference for logging even when beta = 0")
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list,
+        description="trackers besides metrics.jsonl")
+    suite: Optional[str] = Field(None,
+        description="evaluation-suite YAML run after training (rhlab/eval/suites.py); gate table printed")
 
 
 class SandboxConfig(Section):
@@ -183,18 +209,18 @@ class SandboxConfig(Section):
 
 
 class RunConfig(Section):
-    seed: int = 42
-    arm: str = "vanilla"
-    run_name: Optional[str] = None  # None = derived from the hyperparameters
-    output_dir: str = "runs"
-    threads: int = Field(0, ge=0)  # torch threads; 0 = all cores
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    env: EnvConfig = Field(default_factory=EnvConfig)
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
-    intervention: InterventionSpec = Field(default_factory=InterventionSpec)
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    seed: int = Field(42, description="seeds prompts, sampling and initialisation")
+    arm: str = Field("vanilla", description="the arm's label in run names and reports")
+    run_name: Optional[str] = Field(None, description="run directory name; None = derived from the hyperparameters")
+    output_dir: str = Field("runs", description="where run directories are created")
+    threads: int = Field(0, ge=0, description="torch threads; 0 = all cores")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="environment, rewards and hack detector")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="generation settings")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="the RL algorithm and optimizer")
+    log: LogConfig = Field(default_factory=LogConfig, description="logging, evaluation and checkpoints")
+    intervention: InterventionSpec = Field(default_factory=InterventionSpec, description="the arm's intervention")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="isolation of model-written code")
 
     def dump(self) -> dict:
         return self.model_dump(mode="json")

@@ -69,3 +69,17 @@ def test_run_name_carries_non_default_hyperparameters_and_seed():
     cfg = load_config(None, ["train.lr=3e-4", "model.lora.enabled=true", "model.lora.r=4", "seed=7"])
     assert run_name(cfg) == "happy_stories_happy_count_grpo_vanilla_loraon_r4_lr3e-4_s7"
     assert run_name(load_config(None, ["run_name=mine"])) == "mine"
+
+
+def test_every_config_field_is_described_and_docs_config_md_is_current():
+    """docs/config.md is what rhlab.config_doc generates (regenerate: python -m rhlab.config_doc > docs/config.md)."""
+    from pathlib import Path
+
+    from rhlab.config_doc import _rows, render
+    from rhlab.config import RunConfig
+
+    undocumented = [key for key, _, _, desc, _ in _rows(RunConfig) if not desc]
+    assert not undocumented, f"config fields without a description: {undocumented}"
+    doc = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+    assert doc.read_text() == render(), "docs/config.md is stale: python -m rhlab.config_doc > docs/config.md"
+    assert "| `train.kl_bias_correction` | `bool` | `false` |" in doc.read_text()
