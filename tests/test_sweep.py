@@ -47,7 +47,8 @@ def test_unknown_intervention_param_fails_the_dry_run(tmp_path):
     _sweep(tmp_path, arms={"vanilla": {"intervention.params.foo": 1}})
     res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--dry-run"])
     assert res.exit_code != 0
-    assert "intervention.params.foo: unknown key for intervention 'vanilla'; allowed: none" in res.output
+    out = " ".join(res.output.split())  # the console wraps long lines at its width
+    assert "intervention.params.foo: unknown key for intervention 'vanilla'; allowed: none" in out
 
 
 def test_local_sweep_runs_skips_and_reports_failures(tmp_path):
