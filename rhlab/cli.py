@@ -15,7 +15,6 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.rule import Rule
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -70,19 +69,22 @@ app = typer.Typer(cls=_OneErrorPath, add_completion=False, no_args_is_help=True,
 
 
 def _rule(title: str) -> None:
-    console.print(Rule(title), width=min(console.width, 100))
+    if _TTY:
+        console.rule(title)
+    else:  # a rule as wide as the (unbounded) console would be one very long line
+        console.print(f"---- {title} ----", highlight=False, markup=False)
 
 
 def _writable_dir(path: Path, what: str) -> Path:
-    """Create the folder (and its parents) and check this process can write into it: fail before the work."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        _fail(f"{what}: cannot create {path}: {e.strerror}")
-    if not path.is_dir():
-        _fail(f"{what}: {path} is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        _fail(f"{what}: cannot write into {path}: permission denied")
+    """Fail before the work when the folder could not be written: it (or the nearest existing parent,
+    where it would be created) must be a directory this process can write into. Creates nothing."""
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        _fail(f"{what}: cannot create {path}: {p} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        _fail(f"{what}: cannot write into {p}: permission denied")
     return path
 
 
@@ -443,6 +445,9 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
             console.print(f"  {r.name}", highlight=False)
         return
     _writable_dir(Path(sp.output_dir), "output_dir")
+    spec_report = sp.report if not no_report else None
+    if report_out is not None or spec_report is not None:  # before hours of runs, not after
+        _writable_dir(report_out or Path(spec_report.out), "--report" if report_out else "report.out")
     colour = {"failed": "red", "locked": "yellow"}
     done = lambda r: console.print(f"  [{colour.get(r.status, 'green')}]{r.status:>8}[/] "  # noqa: E731
                                    f"{r.name} ({r.seconds:.0f}s) {r.error}", highlight=False)
@@ -457,7 +462,6 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
     if n_locked:
         console.print(f"[yellow]{n_locked} of {len(results)} runs are in use by another process[/] (left alone: "
                       "run the sweep again when they are done)", highlight=False)
-    spec_report = sp.report if not no_report else None
     if report_out is not None or spec_report is not None:
         _sweep_report(sp, report_out)
     if n_failed or n_locked:

@@ -72,3 +72,39 @@ def test_two_concurrent_trains_on_one_run_directory(tmp_path):
     assert first.returncode == 0, out
     assert [r["step"] for r in read_jsonl(tmp_path / "shared" / "metrics.jsonl")] == list(range(1, steps + 1))
     assert lock.read_text() == ""
+
+
+@pytest.mark.slow
+def test_sigterm_says_where_and_the_same_command_resumes(tmp_path):
+    """SIGTERM (as Ctrl-C) stops `rhlab train` with "interrupted at step N; resume with the same command";
+    the same command resumes from the checkpoint, says so, and the run ends with steps 1..N once.
+    Files are written with the user's umask (mkstemp and safetensors alone would make them 0600)."""
+    from rhlab.utils import UMASK
+
+    steps = 12
+    (tmp_path / "run.yaml").write_text("run_name: r\n")
+    args = [sys.executable, "-m", "rhlab", "train", str(tmp_path / "run.yaml"), f"output_dir={tmp_path}",
+            f"train.steps={steps}", "train.batch_size=4", "train.num_generations=2", "sampling.max_new_tokens=8",
+            "log.eval_prompts=2", "log.save_every=2", "log.progress=false", "threads=1"]
+    d = tmp_path / "r"
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (d / "checkpoints" / "step_00002" / "state.json").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before it could be stopped"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("interrupted at step ") and "; resume with the same command (it continues from the " \
+                                                         "checkpoint at step " in line, err
+    saved = int(line.rsplit("step ", 1)[1].rstrip(")"))
+    assert saved >= 2 and saved % 2 == 0
+    assert (d / LOCK_NAME).read_text() == ""  # released on the way out
+    again = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming from step {saved} " in again.stderr
+    assert [r["step"] for r in read_jsonl(d / "metrics.jsonl")] == list(range(1, steps + 1))
+    for f in ["config.yaml", "summary.json", f"checkpoints/step_{steps:05d}/weights.safetensors", "metrics.jsonl"]:
+        assert (d / f).stat().st_mode & 0o777 == 0o666 & ~UMASK, f

@@ -52,6 +52,17 @@ def test_sweep_summary_shows_arm_grid_values_and_seed(tmp_path):
     assert all(r[7] == "0.250" and r[4] == "—" for r in rows)  # hack, and reward not reported
 
 
+def test_paths_in_a_sweep_file_are_relative_to_it(tmp_path, monkeypatch):
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "s.yaml").write_text("sets: []\n")
+    (tmp_path / "mine.yaml").write_text("sets: []\n")
+    spec, base = _sweep(tmp_path, seeds=[1], fixed={**TINY, "log.suite": "suites/s.yaml"},
+                        arms={"a": {}, "b": {"log.suite": "mine.yaml"}})
+    monkeypatch.chdir(tmp_path / "suites")  # the working directory does not matter
+    assert [r.config.log.suite for r in expand(spec, base)] == [str(tmp_path / "suites" / "s.yaml"),
+                                                                str(tmp_path / "mine.yaml")]
+
+
 def test_bad_sweep_fails_before_running(tmp_path):
     spec, base = _sweep(tmp_path, arms={"typo": {"train.lrr": 1}})
     with pytest.raises(ConfigError, match="(?s)sweep arm 'typo'.*train.lrr: unknown key"):
