@@ -4,7 +4,8 @@ The lock is `fcntl.flock` on `<run dir>/run.lock`, taken before anything else in
 is read or written. The kernel drops it when its holder exits, however it exits (kill -9
 included), so a dead run never blocks the next one. The file holds the holder's pid and host:
 a refusal names them, and a file left behind by a run that died is reported when the next run
-takes the lock over. A clean release empties the file.
+takes the lock over. A release (explicit, or when the lock object is collected or the interpreter
+exits) empties the file.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import fcntl
 import os
 import socket
 import sys
+import weakref
 from pathlib import Path
 
 LOCK_NAME = "run.lock"
@@ -24,6 +26,14 @@ class RunDirError(RuntimeError):
 
 class RunDirBusy(RunDirError):
     """Another live process holds the run directory."""
+
+
+def _clear_and_unlock(f) -> None:
+    f.seek(0)
+    f.truncate()
+    f.flush()
+    fcntl.flock(f, fcntl.LOCK_UN)
+    f.close()
 
 
 def _holder(text: str) -> str:
@@ -60,20 +70,15 @@ class RunDirLock:
         self._f.truncate()
         self._f.write(f"pid={os.getpid()} host={socket.gethostname()}\n")
         self._f.flush()
+        self._release = weakref.finalize(self, _clear_and_unlock, self._f)  # also at exit or collection
 
     @property
     def held(self) -> bool:
-        return not self._f.closed
+        return self._release.alive
 
     def release(self) -> None:
         """Empty the file (a clean exit leaves no note) and drop the lock; idempotent."""
-        if self._f.closed:
-            return
-        self._f.seek(0)
-        self._f.truncate()
-        self._f.flush()
-        fcntl.flock(self._f, fcntl.LOCK_UN)
-        self._f.close()
+        self._release()
 
     def __enter__(self) -> "RunDirLock":
         return self

@@ -29,6 +29,7 @@ def scratch(tmp_path):
     (tmp_path / "bad.yaml").write_text("train:\n  steps: 3\n lr: 1\n")  # line 3: bad indentation
     (tmp_path / "bad_sweep.yaml").write_text("base: x.yaml\narms: {a: {}\n")
     (tmp_path / "typo_sweep.yaml").write_text(f"base: {CONFIGS / 'happy_vanilla.yaml'}\nworkerz: 2\n")
+    (tmp_path / "no_seeds.yaml").write_text(f"base: {CONFIGS / 'happy_vanilla.yaml'}\nseeds: []\n")
     (tmp_path / "a_file").write_text("")
     (tmp_path / "problems.jsonl").write_text("")
     (tmp_path / "completions.jsonl").write_text("")
@@ -41,6 +42,8 @@ CASES = [  # id, argv (in the scratch folder), key words of the one-line message
     ("train-bad-yaml", ["train", "bad.yaml"], ["bad.yaml:3:2", "invalid YAML"]),
     ("sweep-bad-yaml", ["sweep", "bad_sweep.yaml"], ["bad_sweep.yaml:3:1", "invalid YAML"]),
     ("sweep-unknown-key", ["sweep", "typo_sweep.yaml", "--dry-run"], ["typo_sweep.yaml", "workerz: unknown key"]),
+    ("sweep-no-seeds", ["sweep", "no_seeds.yaml", "--dry-run"],
+     ["no_seeds.yaml", "seeds: List should have at least 1"]),
     ("config-not-found", ["train", "nope.yaml"], ["config file not found: nope.yaml"]),
     ("validation", ["train", HAPPY, "train.steps=0"], ["train.steps: Input should be greater than 0"]),
     ("unknown-key", ["train", HAPPY, "train.lrr=1"], ["train.lrr: unknown key; allowed:"]),

@@ -12,8 +12,8 @@ import pytest
 from rhlab.rundir import LOCK_NAME, RunDirBusy, RunDirLock
 from rhlab.utils import read_jsonl
 
-HOLD = "import sys, time; from rhlab.rundir import RunDirLock; lock = RunDirLock(sys.argv[1]); print('held', flush=True); " \
-       "time.sleep(600)"
+HOLD = ("import sys, time; from rhlab.rundir import RunDirLock; lock = RunDirLock(sys.argv[1]); "
+        "print('held', flush=True); time.sleep(600)")
 
 
 def test_second_lock_is_refused_naming_the_holder_until_released(tmp_path):
@@ -108,3 +108,11 @@ def test_sigterm_says_where_and_the_same_command_resumes(tmp_path):
     assert [r["step"] for r in read_jsonl(d / "metrics.jsonl")] == list(range(1, steps + 1))
     for f in ["config.yaml", "summary.json", f"checkpoints/step_{steps:05d}/weights.safetensors", "metrics.jsonl"]:
         assert (d / f).stat().st_mode & 0o777 == 0o666 & ~UMASK, f
+
+
+def test_a_lock_never_released_explicitly_is_emptied_at_exit(tmp_path, capfd):
+    code = "import sys; from rhlab.rundir import RunDirLock; lock = RunDirLock(sys.argv[1])"  # no release()
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], check=True)
+    assert (tmp_path / "run" / LOCK_NAME).read_text() == ""
+    RunDirLock(tmp_path / "run").release()
+    assert "which is gone" not in capfd.readouterr().err  # a clean exit is not reported as a dead holder

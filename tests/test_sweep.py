@@ -90,11 +90,14 @@ def test_local_sweep_runs_skips_and_reports_failures(tmp_path):
 
 def test_a_run_in_use_is_reported_locked_and_left_alone(tmp_path):
     from rhlab.rundir import RunDirLock
+    from rhlab.sweep.runner import _ray_task
 
     spec, base = _sweep(tmp_path, seeds=[1], arms={"vanilla": {}})
     runs = expand(spec, base)
     with RunDirLock(runs[0].run_dir):  # another holder (flock: a second open file conflicts in-process too)
         results = run_local(runs, workers=1)
+        ray_result = _ray_task(runs[0].config.dump(), runs[0].name, "vanilla", 1)  # what a Ray worker runs
+    assert ray_result["status"] == "locked" and "is in use by pid" in ray_result["error"]
     assert [r.status for r in results] == ["locked"]
     assert f"{runs[0].run_dir} is in use by pid {os.getpid()}" in results[0].error
     assert [p.name for p in runs[0].run_dir.iterdir()] == ["run.lock"]  # nothing read, nothing written

@@ -58,9 +58,10 @@ class SweepSpec(BaseModel):
     base: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     output_dir: str = "runs/sweep"
-    seeds: list[int] = Field(default_factory=lambda: [42])
+    seeds: list[int] = Field(default_factory=lambda: [42], min_length=1, description="one run per seed")
     fixed: dict[str, Any] = Field(default_factory=dict)
-    arms: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"vanilla": {}})
+    arms: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"vanilla": {}}, min_length=1,
+                                            description="arm name -> its overrides")
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     workers: int = Field(0, ge=0)  # 0 = one per core
     threads_per_worker: int = Field(1, gt=0)
