@@ -301,6 +301,8 @@ def read_yaml(path: str | Path | None, overrides: list[str] = ()) -> dict:
 PATH_KEYS: dict[tuple[str, ...], str | None] = {
     ("log", "suite"): "file",
     ("env", "params", "pool_file"): "file",
+    ("env", "params", "train_file"): "file",
+    ("env", "params", "eval_file"): "file",
     ("env", "params", "rm_dir"): "dir",
     ("intervention", "params", "pair_params", "path"): "file",
     ("intervention", "params", "direction"): None,
@@ -321,7 +323,7 @@ def resolve_paths(data: dict, base: str | Path) -> dict:
         node = data
         for k in keys[:-1]:
             node = node.get(k) if isinstance(node, dict) else None
-        if isinstance(node, dict) and isinstance(node.get(keys[-1]), str):
+        if isinstance(node, dict) and isinstance(node.get(keys[-1]), str) and node[keys[-1]]:   # "" = unset
             node[keys[-1]] = _absolute(node[keys[-1]], base)
     model = data.get("model")
     name = model.get("name") if isinstance(model, dict) else None
@@ -338,7 +340,7 @@ def check_paths(cfg: "RunConfig", source: str) -> None:
         node = data
         for k in keys:
             node = node.get(k) if isinstance(node, dict) else None
-        if kind is None or node is None:
+        if kind is None or not node:
             continue
         p = Path(node)
         if not (p.is_file() if kind == "file" else p.is_dir()):
