@@ -1,7 +1,14 @@
-"""rhlab command line: demo, pretrain, train, eval, grade, report."""
+"""rhlab command line: demo, pretrain, train, eval, grade, report.
+
+One error path: every anticipated failure (bad YAML, invalid config or option, a run directory
+in use or holding another run, an unwritable folder) prints one line `error: ...` to stderr and
+exits 2; an unexpected exception keeps its traceback.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -9,18 +16,82 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from rhlab.config import ConfigError, load_config
+from rhlab.rundir import RunDirError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="rhlab: make a policy hack a reward on purpose, measure it, compare mitigations.")
-console = Console()
+try:  # recent typer vendors click; its usage errors are typer's own click's
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException
+
 PRESETS = Path(__file__).parent / "presets"
+# Not a terminal (a pipe, a file, a log): no wrapping, so paths and table rows stay whole.
+_TTY = sys.stdout.isatty()
+console = Console() if _TTY else Console(width=10_000, soft_wrap=True)
+ANTICIPATED = (ConfigError, RunDirError)
+
+
+def _one_line(msg: str) -> str:
+    return "; ".join(line.strip() for line in str(msg).splitlines() if line.strip())
+
+
+def _print_error(msg: str) -> None:
+    print(f"error: {_one_line(msg)}", file=sys.stderr, flush=True)
 
 
 def _fail(msg: str) -> None:
-    console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    _print_error(msg)
     raise typer.Exit(2)
+
+
+class _OneErrorPath(TyperGroup):
+    """Anticipated failures of any command, and click's usage errors, as one line and exit 2."""
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except ClickException as e:
+            where = f"{e.ctx.command_path}: " if getattr(e, "ctx", None) is not None else ""
+            _print_error(where + e.format_message())
+            raise typer.Exit(e.exit_code) from None
+        except PermissionError as e:
+            _print_error(f"cannot write {e.filename}: permission denied" if e.filename else str(e))
+            raise typer.Exit(2) from None
+        except ANTICIPATED as e:
+            _print_error(str(e))
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(cls=_OneErrorPath, add_completion=False, no_args_is_help=True,
+                  help="rhlab: make a policy hack a reward on purpose, measure it, compare mitigations.")
+
+
+def _rule(title: str) -> None:
+    if _TTY:
+        console.rule(title)
+    else:  # a rule as wide as the (unbounded) console would be one very long line
+        console.print(f"---- {title} ----", highlight=False, markup=False)
+
+
+def _writable_dir(path: Path, what: str) -> Path:
+    """Fail before the work when the folder could not be written: it (or the nearest existing parent,
+    where it would be created) must be a directory this process can write into. Creates nothing."""
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        _fail(f"{what}: cannot create {path}: {p} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        _fail(f"{what}: cannot write into {p}: permission denied")
+    return path
+
+
+def _at_least(value, low, option: str, strict: bool = False) -> None:
+    """Bounds of a numeric option: value >= low (value > low when strict); NaN fails too."""
+    if value is not None and not (value > low if strict else value >= low):
+        _fail(f"{option} must be {'>' if strict else '>='} {low} (got {value})")
 
 
 def _load(config: Optional[Path], overrides: List[str]):
@@ -47,18 +118,27 @@ SHOW = ["reward_mean", "task_score", "pass_rate", "hack_rate", "kl", "distinct_2
 def _run(cfg, show_samples: int = 3) -> dict:
     from rhlab.trainer import Trainer
 
+    if cfg.log.suite:  # a malformed suite fails now, not after training
+        from rhlab.eval.suites import load_suite
+
+        try:
+            load_suite(cfg.log.suite)
+        except ValueError as e:
+            _fail(f"log.suite: {e}")
     try:
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg)  # takes the run directory's lock first: a run dir in use fails at once
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
-    console.print(f"run: [bold]{trainer.name}[/]  ->  {trainer.dir}")
-    summary = trainer.train()
+    console.print(f"run: [bold]{trainer.name}[/]  ->  {trainer.dir}", highlight=False)
+    summary = _train_interruptible(trainer)
     if not summary.get("final"):
         console.print("run already complete; nothing to do")
         return summary
     from rhlab.eval.trajectory import format_trajectory
 
-    console.print("trajectory (training batches): first vs last 20 steps, EMAs over 20 and 50 steps")
+    windows = {s["window"] for s in summary["trajectory"].values()}
+    n = windows.pop() if len(windows) == 1 else "n"
+    console.print(f"trajectory (training batches): first vs last {n} logged steps, EMAs over 20 and 50 steps")
     console.print(format_trajectory(summary["trajectory"]), highlight=False)
     console.print(_metrics_table("held-out evaluation: initial policy vs trained policy",
                                  {"before": summary["initial"], "after": summary["final"]}, SHOW))
@@ -68,14 +148,40 @@ def _run(cfg, show_samples: int = 3) -> dict:
         first = read_json(trainer.dir / "eval" / "step_00000.json")["samples"]
         last = read_json(trainer.dir / "eval" / f"step_{cfg.train.steps:05d}.json")["samples"]
         for tag, samples in [("before", first), ("after", last)]:
-            console.rule(f"samples {tag} training")
+            _rule(f"samples {tag} training")
             for s in samples[:show_samples]:
                 console.print(f"[dim]{s['prompt']}[/] {s['completion']}  [cyan](reward {s['reward']:.2f}, "
                               f"task {s['task_score']:.2f}, hack {s['hack']})[/]", highlight=False)
     if cfg.log.suite:
         _suite_after_training(trainer.dir, cfg.log.suite)
-    console.print(f"\nmetrics: {trainer.dir / 'metrics.jsonl'}\nplot:    {trainer.dir / 'plots' / 'training.png'}")
+    console.print(f"\nmetrics: {trainer.dir / 'metrics.jsonl'}\nplot:    {trainer.dir / 'plots' / 'training.png'}",
+                  highlight=False)
     return summary
+
+
+def _train_interruptible(trainer) -> dict:
+    """trainer.train(); Ctrl-C or SIGTERM stop it with a line saying where and how to resume (exit 130)."""
+    import threading
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
+    old = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        return trainer.train()
+    except KeyboardInterrupt:
+        from rhlab.models.checkpoint import latest, read_json
+
+        last = latest(trainer.dir / "checkpoints")
+        after = (f"from the checkpoint at step {read_json(last / 'state.json')['step']}" if last
+                 else "from the start (no checkpoint yet)")
+        print(f"interrupted at step {trainer.step}; resume with the same command (it continues {after})",
+              file=sys.stderr, flush=True)
+        raise typer.Exit(130) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)
 
 
 def _suite_after_training(run_dir: Path, suite_path: str) -> None:
@@ -86,7 +192,7 @@ def _suite_after_training(run_dir: Path, suite_path: str) -> None:
         results = run_suite_for_run(run_dir, suite_path)
     except (ValueError, FileNotFoundError) as e:
         _fail(f"log.suite: {e}")
-    console.rule(f"evaluation suite {suite_path}")
+    _rule(f"evaluation suite {suite_path}")
     console.print(format_gate_table(results), highlight=False)
     console.print("promotion gates: " + ("[green]passed[/]" if suite_passed(results) else "[red]FAILED[/]"))
 
@@ -95,6 +201,7 @@ def _suite_after_training(run_dir: Path, suite_path: str) -> None:
 def demo(steps: Optional[int] = typer.Option(None, help="override train.steps"),
          output_dir: str = typer.Option("runs", help="where the run directory goes")):
     """Watch the built-in tiny model learn to hack the "happy" reward (a few minutes on a CPU)."""
+    _at_least(steps, 1, "--steps")
     overrides = [f"output_dir={output_dir}"] + ([f"train.steps={steps}"] if steps else [])
     cfg = _load(PRESETS / "demo.yaml", overrides)
     summary = _run(cfg)
@@ -118,11 +225,15 @@ def pretrain(out: Optional[Path] = typer.Option(None, help="output directory (de
              corpus: str = typer.Option("stories", help="stories -> builtin:tiny-stories, code -> builtin:tiny-code"),
              threads: int = typer.Option(2)):
     """Pretrain a built-in tiny model (tokenizer + LLaMA) on one of rhlab's generated corpora."""
+    if corpus not in ("stories", "code"):
+        _fail(f"--corpus: unknown corpus {corpus!r}; allowed: stories, code")
+    _at_least(steps, 1, "--steps")
+    _at_least(threads, 1, "--threads")
+    if out is not None:
+        _writable_dir(out, "--out")
     from rhlab.models.pretrain import PretrainConfig, code_pretrain_config
     from rhlab.models.pretrain import pretrain as run_pretrain
 
-    if corpus not in ("stories", "code"):
-        _fail(f"--corpus: unknown corpus {corpus!r}; allowed: stories, code")
     builtin = Path(__file__).parent / "models" / "builtin"
     if corpus == "code":
         cfg = code_pretrain_config(seed=seed, steps=steps or 600, threads=threads)
@@ -139,6 +250,8 @@ def eval_cmd(target: Path = typer.Argument(..., help="a run directory or one of 
              suite: Optional[Path] = typer.Option(None, help="evaluation suite YAML: gates on baseline vs trained; "
                                                              "exits 1 when a gate fails")):
     """Fresh samples from a trained policy: reward, task score, hack rate, diversity (or a gated suite)."""
+    _at_least(prompts, 1, "--prompts")
+    _at_least(samples, 0, "--samples")
     from rhlab.evaluate import evaluate_checkpoint
 
     if suite is not None:
@@ -173,6 +286,7 @@ def report(runs: List[Path] = typer.Argument(..., help="run directories or folde
     """Tables (mean ± SEM by arm), hack-vs-pass Pareto plot, learning curves, hypothesis checks, HTML."""
     from rhlab.report import ReportError, build_report
 
+    _writable_dir(out, "--out")
     try:
         res = build_report(runs, out, reference_arm=reference, hypotheses_path=hypotheses)
     except ReportError as e:
@@ -180,7 +294,7 @@ def report(runs: List[Path] = typer.Argument(..., help="run directories or folde
     console.print(res["table_text"], highlight=False)
     for h in res.get("hypotheses") or []:
         console.print(f"hypothesis {h['name']}: [bold]{h['verdict']}[/]", highlight=False)
-    console.print(f"report: {out / 'report.html'}")
+    console.print(f"report: {out / 'report.html'}", highlight=False)
 
 
 @app.command()
@@ -192,6 +306,8 @@ def grade(problems: Path = typer.Argument(..., help="problems JSONL (rl-rewardha
           timeout: float = typer.Option(3.0, help="CPU seconds per program (a problem's own timeout_s raises it)"),
           isolation: str = typer.Option("bwrap", help="bwrap (OS isolation) or process (no isolation; warns)")):
     """Grade code completions offline in the sandbox: compile, ground truth, own run_tests, hack labels."""
+    _at_least(workers, 1, "--workers")
+    _at_least(timeout, 0, "--timeout", strict=True)  # 0 would time every program out: all Incorrect
     from rhlab.envs.code.grading import format_summary, grade_files
     from rhlab.envs.code.isolation import IsolationUnavailable
 
@@ -199,12 +315,13 @@ def grade(problems: Path = typer.Argument(..., help="problems JSONL (rl-rewardha
         if not p.exists():
             _fail(f"file not found: {p}")
     out = out or completions.with_suffix(".graded.jsonl")
+    _writable_dir(out.parent, "--out")
     try:
         summary = grade_files(problems, completions, variant, out, workers, timeout_s=timeout, isolation=isolation)
     except (ValueError, KeyError, IsolationUnavailable) as e:
         _fail(str(e))
     console.print(format_summary(summary), highlight=False)
-    console.print(f"graded: {out}")
+    console.print(f"graded: {out}", highlight=False)
 
 
 @app.command("train-rm")
@@ -214,6 +331,8 @@ def train_rm(config: Path = typer.Argument(..., help="reward-model config YAML (
     """Train a Bradley-Terry reward model on gold-labelled preference pairs (for env.name=preference)."""
     from rhlab.rm.train import train_rm_cli
 
+    if out is not None:
+        _writable_dir(out, "--out")
     try:
         m = train_rm_cli(config, overrides or [], out)
     except (ConfigError, ValueError, FileNotFoundError) as e:
@@ -237,11 +356,11 @@ def rlhf(config: Path = typer.Argument(..., help="policy run config with env.nam
     except (ConfigError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     if not skip_rm:
-        console.rule("reward model")
+        _rule("reward model")
         train_rm(rm_config, [], None)
     if rm_only:
         return
-    console.rule("policy")
+    _rule("policy")
     _run(_load(config, [f"env.params.rm_dir={rm_dir}", *(overrides or [])]))
 
 
@@ -255,6 +374,7 @@ def overopt(run_dirs: List[Path] = typer.Argument(..., help="policy runs against
 
     from rhlab.report.runs import ReportError, discover_run_dirs
 
+    _writable_dir(out, "--out")
     try:
         run_dirs = discover_run_dirs(run_dirs)  # run directories, or folders holding them (a sweep's output_dir)
         res = overopt_report(run_dirs, out, source=source, kl_unit=kl_unit)
@@ -275,7 +395,7 @@ def overopt(run_dirs: List[Path] = typer.Argument(..., help="policy runs against
         console.print(arm_overopt_table(run_dirs), highlight=False)
     except (AssertionError, ReportError):
         pass
-    console.print(f"fits: {out / 'overopt.json'}\nplot: {out / 'overopt.png'}")
+    console.print(f"fits: {out / 'overopt.json'}\nplot: {out / 'overopt.png'}", highlight=False)
 
 
 def _pairs(items: List[str], what: str) -> dict:
@@ -286,7 +406,10 @@ def _pairs(items: List[str], what: str) -> dict:
         if "=" not in item:
             _fail(f"--{what} {item!r} must look like key.path=value")
         k, v = item.split("=", 1)
-        out[k] = yaml.safe_load(v)
+        try:
+            out[k] = yaml.safe_load(v)
+        except yaml.YAMLError as e:
+            _fail(f"--{what} {item!r}: the value is not valid YAML ({_one_line(e)})")
     return out
 
 
@@ -308,6 +431,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
 
     if backend not in ("local", "ray"):
         _fail(f"--backend {backend!r}; allowed: local, ray")
+    _at_least(workers, 1, "--workers")
     extra_grid = {k: (v if isinstance(v, list) else [x.strip() for x in str(v).split(",")])
                   for k, v in _pairs(grid or [], "grid").items()}
     try:
@@ -322,27 +446,49 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
         for r in runs:
             console.print(f"  {r.name}", highlight=False)
         return
-    done = lambda r: console.print(f"  [{'green' if r.status != 'failed' else 'red'}]{r.status:>8}[/] "  # noqa: E731
+    _writable_dir(Path(sp.output_dir), "output_dir")
+    spec_report = sp.report if not no_report else None
+    if report_out is not None or spec_report is not None:  # before hours of runs, not after
+        _writable_dir(report_out or Path(spec_report.out), "--report" if report_out else "report.out")
+    colour = {"failed": "red", "locked": "yellow"}
+    done = lambda r: console.print(f"  [{colour.get(r.status, 'green')}]{r.status:>8}[/] "  # noqa: E731
                                    f"{r.name} ({r.seconds:.0f}s) {r.error}", highlight=False)
     results = (run_local(runs, n_workers, done) if backend == "local"
                else run_ray(runs, address, sp.gpus_per_run, done))
-    table = Table(title="sweep summary")
-    for col in ["run", "status", "reward", "task", "pass", "hack", "kl", "s"]:
-        table.add_column(col)
-    for r in results:
-        f = r.final
-        table.add_row(r.name, r.status, *[f"{f[k]:.3f}" if k in f else "—" for k in
-                                          ("reward_mean", "task_score", "pass_rate", "hack_rate", "kl")],
-                      f"{r.seconds:.0f}")
-    console.print(table)
+    console.print(_sweep_table(results, runs, list(sp.grid)))
     n_failed = sum(r.status == "failed" for r in results)
     if n_failed:
-        console.print(f"[red]{n_failed} of {len(results)} runs failed[/] (logs under {sp.output_dir}/_logs)")
-    spec_report = sp.report if not no_report else None
+        console.print(f"[red]{n_failed} of {len(results)} runs failed[/] (logs under {sp.output_dir}/_logs)",
+                      highlight=False)
+    n_locked = sum(r.status == "locked" for r in results)
+    if n_locked:
+        console.print(f"[yellow]{n_locked} of {len(results)} runs are in use by another process[/] (left alone: "
+                      "run the sweep again when they are done)", highlight=False)
     if report_out is not None or spec_report is not None:
         _sweep_report(sp, report_out)
-    if n_failed:
+    if n_failed or n_locked:
         raise typer.Exit(1)
+
+
+def _sweep_table(results, runs, grid_keys: list[str]) -> Table:
+    """One row per run: its arm, grid values and seed as columns (run names are too long to tell apart)."""
+    planned = {r.name: r for r in runs}
+    table = Table(title="sweep summary")
+    for col in ["arm", *grid_keys, "seed", "status", "reward", "task", "pass", "hack", "kl", "s"]:
+        table.add_column(col)
+    for r in results:
+        cfg = planned[r.name].config.dump()
+        f = r.final
+        table.add_row(r.arm, *[str(_get(cfg, k)) for k in grid_keys], str(r.seed), r.status,
+                      *[f"{f[k]:.3f}" if k in f else "—" for k in
+                        ("reward_mean", "task_score", "pass_rate", "hack_rate", "kl")], f"{r.seconds:.0f}")
+    return table
+
+
+def _get(d: dict, key: str):
+    for k in key.split("."):
+        d = d[k]
+    return d
 
 
 def _extra_table(name: str, runs_dir: str, reference: Optional[str], out: Path) -> str:
@@ -395,6 +541,11 @@ def filter_prompts(config: Path = typer.Argument(..., help="run config (its env 
     rewards do not spread (no GRPO signal), cut the rest into difficulty buckets, save a pool file."""
     import tempfile
 
+    _at_least(prompts, 1, "--prompts")
+    _at_least(generations, 2, "--generations")  # a spread needs at least two completions per prompt
+    _at_least(min_spread, 0, "--min-spread")
+    _at_least(buckets, 1, "--buckets")
+    _writable_dir(out.parent, "--out")
     from rhlab.envs.stratified import difficulty_filter, measure_group_rewards, rebucket, save_pool
     from rhlab.trainer import Trainer
 

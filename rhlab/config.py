@@ -1,11 +1,16 @@
 """Typed run configuration: YAML + dotted CLI overrides, validated with pydantic.
 
-Every section forbids unknown keys; errors name the key and the allowed values.
+Every section forbids unknown keys; errors name the key and the allowed values, on one line.
+Paths a config holds (PATH_KEYS) are made absolute at load: a relative path written in a
+config file is relative to that file's directory, one given as a command-line override to the
+working directory. Inputs that must exist are checked at load, before any model is loaded.
+Outputs (output_dir) stay relative to the working directory.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args, get_origin
@@ -120,7 +125,7 @@ class TrainConfig(Section):
         description="learning-rate schedule after warmup")
     warmup_steps: int = Field(0, ge=0, description="linear warmup, in optimizer updates")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] = Field(
         "grpo", description="per-token loss and aggregation, as TRL's loss_type (TRL default dapo): grpo = "
@@ -152,6 +157,13 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each decoder layer's activations in the backward pass instead of keeping them: "
         "less memory for long completions, one more forward per layer; same gradients"))
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
 
     @model_validator(mode="after")
     def _check(self):
@@ -240,24 +252,34 @@ def _allowed_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-def _format(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
+def format_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None,
+                            prefix: str = "") -> str:
+    """One line: `invalid config (SOURCE): key: message; key: message`, each key as a dotted path."""
+    parts = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = f"unknown key; allowed: {', '.join(_allowed_at(RunConfig, e['loc']))}"
+        key = prefix + (".".join(str(p) for p in e["loc"]) or "<root>")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden" and model is not None:
+            msg = f"unknown key; allowed: {', '.join(_allowed_at(model, e['loc']))}"
         elif "input" in e and e["type"] != "missing" and not isinstance(e["input"], dict):
             msg += f" (got {e['input']!r})"
-        lines.append(f"  {key}: {msg}")
-    return "\n".join(lines)
+        parts.append(f"{key}: {msg}")
+    return f"invalid config ({source}): " + "; ".join(parts)
+
+
+def _format(err: ValidationError, source: str) -> str:
+    return format_validation_error(err, source, RunConfig)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key.path=value")
     key, raw = item.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw)
+    try:
+        return key.strip().split("."), yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem})") from None
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -272,21 +294,94 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def load_yaml_file(path: str | Path, what: str = "config file"):
+    """The parsed YAML of a file; a missing file or a syntax error is a ConfigError naming the file
+    and, for syntax errors, the line and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} not found: {path}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+
+
 def read_yaml(path: str | Path | None, overrides: list[str] = ()) -> dict:
     """A YAML mapping (empty without a path) with key.path=value overrides applied."""
     data: dict = {}
     if path is not None:
         path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml_file(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return apply_overrides(data, list(overrides))
 
 
+# ---- paths inside a run config -----------------------------------------------------------
+# key path -> what must exist at load: "file", "dir", or None (a cache or an output made on use).
+# intervention.params.direction may name a file that `rhlab extract-direction` is about to write.
+PATH_KEYS: dict[tuple[str, ...], str | None] = {
+    ("log", "suite"): "file",
+    ("env", "params", "pool_file"): "file",
+    ("env", "params", "train_file"): "file",
+    ("env", "params", "eval_file"): "file",
+    ("env", "params", "rm_dir"): "dir",
+    ("intervention", "params", "pair_params", "path"): "file",
+    ("intervention", "params", "direction"): None,
+    ("intervention", "params", "svd", "cache_dir"): None,
+}
+LOCAL_MODEL_PREFIXES = ("./", "../", "/", "~")
+
+
+def _absolute(value: str, base: Path) -> str:
+    return os.path.normpath(base / Path(value).expanduser())
+
+
+def resolve_paths(data: dict, base: str | Path) -> dict:
+    """Make the PATH_KEYS of a config mapping (and model.name when it is a local directory)
+    absolute, relative paths taken relative to `base`; in place, returns `data`."""
+    base = Path(base).absolute()
+    for keys in PATH_KEYS:
+        node = data
+        for k in keys[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(keys[-1]), str) and node[keys[-1]]:   # "" = unset
+            node[keys[-1]] = _absolute(node[keys[-1]], base)
+    model = data.get("model")
+    name = model.get("name") if isinstance(model, dict) else None
+    if isinstance(name, str) and not name.startswith("builtin:") and (
+            name.startswith(LOCAL_MODEL_PREFIXES) or (base / name).exists()):
+        model["name"] = _absolute(name, base)
+    return data
+
+
+def check_paths(cfg: "RunConfig", source: str) -> None:
+    """Every input path of a loaded config exists: fail at load, not after training."""
+    data = cfg.dump()
+    for keys, kind in PATH_KEYS.items():
+        node = data
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        if kind is None or not node:
+            continue
+        p = Path(node)
+        if not (p.is_file() if kind == "file" else p.is_dir()):
+            raise ConfigError(f"{'.'.join(keys)}: {kind} not found: {p} ({source}; a relative path in a config "
+                              "file is relative to the file's directory, on the command line to the working "
+                              "directory)")
+    if cfg.model.name.startswith(LOCAL_MODEL_PREFIXES) and not Path(cfg.model.name).is_dir():
+        raise ConfigError(f"model.name: directory not found: {cfg.model.name} ({source})")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
-    data = read_yaml(path, overrides)
+    data = read_yaml(path)
+    if path is not None:
+        resolve_paths(data, Path(path).parent)
+    resolve_paths(apply_overrides(data, list(overrides)), Path.cwd())  # what the overrides set
     source = str(path) if path is not None else "defaults"
     try:
         cfg = RunConfig.model_validate(data)
@@ -296,6 +391,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         check_params(cfg)
     except ValueError as e:
         raise ConfigError(f"invalid config ({source}): {e}") from None
+    check_paths(cfg, source)
     return cfg
 
 
@@ -364,9 +460,11 @@ def run_name(cfg: RunConfig, always: tuple[str, ...] = ()) -> str:
     parts = [cfg.env.name, "+".join(r.name for r in cfg.env.rewards), algo, cfg.arm]
     if not cfg.model.name.startswith("builtin:"):
         parts.insert(0, Path(cfg.model.name).name)
+    paths = {".".join(k) for k in PATH_KEYS}
     for key in sorted(cur):
         if key in always or (cur[key] != ref.get(key) and not key.startswith(NAME_SKIP)):
-            parts.append(ABBREV.get(key, key.split(".")[-1]) + _fmt(cur[key]))
+            value = Path(cur[key]).name if key in paths and isinstance(cur[key], str) else cur[key]
+            parts.append(ABBREV.get(key, key.split(".")[-1]) + _fmt(value))  # a path: its last part
     name = "_".join(parts).replace("/", "-").replace(" ", "")
     if len(name) > 150:  # keep names usable as directory names; the hash keeps them unique
         name = name[:140] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from rhlab.adapters.svd import svd_modules
 from rhlab.models.loading import encode_prompts
 from rhlab.pairs import Pair, load_pairs, split_pairs
-from rhlab.utils import atomic_write_text
+from rhlab.utils import atomic_write_text, user_mode
 
 GATE_FRAC = 0.5  # the minimum fraction of modules with held-out cos > 0 (seed document step 1c)
 
@@ -140,6 +140,7 @@ def save_direction(path: str | Path, v: dict[str, torch.Tensor], meta: dict) -> 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file({n: t.contiguous() for n, t in v.items()}, str(tmp),
               metadata={k: json.dumps(x) for k, x in meta.items()})
+    user_mode(tmp)
     os.replace(tmp, path)
 
 

@@ -32,7 +32,7 @@ def evaluate_checkpoint(target: Path, n_prompts: int = 64) -> tuple[dict, list[d
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} missing")
     cfg = RunConfig.model_validate(yaml.safe_load(cfg_path.read_text()))
-    trainer = Trainer(cfg, run_dir)
+    trainer = Trainer(cfg, run_dir, lock=False)  # reads the run: may run beside its training
     ckpt.load_weights(trainer.model, ck)
     trainer.cfg.log.eval_prompts = n_prompts  # so the intervention's extra modes use the same prompts
     m, samples = trainer.evaluate(n_prompts)

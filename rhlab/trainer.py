@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from rhlab.models.loading import encode_prompts, load_model, resolve_device
 from rhlab.models.fast_llama import _core, policy_logits
 from rhlab.models.packed import packed_logprobs, supports_packed
 from rhlab.models.sampler import Rollouts, SamplingConfig, generate
+from rhlab.rundir import RunDirLock
 from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -86,10 +88,26 @@ def sequence_logprobs(model, r: Rollouts, temperature: float, with_entropy: bool
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None):
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, lock: bool = True):
+        """lock: hold the run directory's lock (rhlab/rundir.py) until train() ends; off for read-only uses
+        (evaluating a run's checkpoint) that may run beside its training."""
         self.cfg = cfg
         self.name = run_name(cfg)
         self.dir = Path(run_dir) if run_dir else Path(cfg.output_dir) / self.name
+        self.lock = RunDirLock(self.dir) if lock else None  # before anything is loaded, read or written
+        try:
+            self._setup()
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Drop the run directory's lock (train() does it when it returns or raises)."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def _setup(self) -> None:
+        cfg = self.cfg
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.model.device)
@@ -317,6 +335,14 @@ class Trainer:
 
     # ---- the loop --------------------------------------------------------------------
     def train(self) -> dict:
+        if self.lock is not None and not self.lock.held:  # a second train() on this Trainer
+            self.lock = RunDirLock(self.dir)
+        try:
+            return self._train()
+        finally:
+            self.release()
+
+    def _train(self) -> dict:
         from rhlab.tracking import Progress, plot_run
 
         cfg, d = self.cfg, self.dir
@@ -380,7 +406,7 @@ class Trainer:
         cfg_text = yaml.safe_dump(self.cfg.dump(), sort_keys=False)
         cfg_path = d / "config.yaml"
         if cfg_path.exists() and _with_defaults(yaml.safe_load(cfg_path.read_text())) != self.cfg.dump():
-            raise RuntimeError(f"{d} holds a run with a different config; use another run_name or output_dir")
+            raise ConfigError(f"{d} holds a run with a different config; use another run_name or output_dir")
         atomic_write_text(cfg_path, cfg_text)
         summary = d / "summary.json"
         if summary.exists() and ckpt.read_json(summary).get("status") == "complete":
@@ -391,6 +417,8 @@ class Trainer:
                 (d / f).unlink(missing_ok=True)
             return 1
         ckpt.load(self, last)
+        print(f"resuming from step {self.step} (checkpoint {last}); steps {self.step + 1}..{self.cfg.train.steps} "
+              "to go", file=sys.stderr, flush=True)
         for f in ("metrics.jsonl", "samples.jsonl"):
             truncate_jsonl(d / f, self.step)
         return self.step + 1

@@ -11,6 +11,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# Read once at import (os.umask can only be read by setting it, which is not thread-safe).
+UMASK = os.umask(0)
+os.umask(UMASK)
+
+
+def user_mode(path: str | Path) -> None:
+    """Give a file the mode an ordinary open() would (0666 minus the umask): tempfile.mkstemp and
+    safetensors create files 0600, which other users of a shared run directory could not read."""
+    os.chmod(path, 0o666 & ~UMASK)
+
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temp file in the same directory, then rename: readers never see half a file."""
@@ -21,6 +31,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+    user_mode(tmp)
     os.replace(tmp, path)
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from conftest import LEETCODE_MINI
 from rhlab.config import ConfigError, load_config, run_name
 
 
@@ -83,3 +84,63 @@ def test_every_config_field_is_described_and_docs_config_md_is_current():
     doc = Path(__file__).resolve().parents[1] / "docs" / "config.md"
     assert doc.read_text() == render(), "docs/config.md is stale: python -m rhlab.config_doc > docs/config.md"
     assert "| `train.kl_bias_correction` | `bool` | `false` |" in doc.read_text()
+
+
+def test_paths_in_a_config_are_relative_to_its_file_and_checked_at_load(tmp_path, monkeypatch):
+    """log.suite / env.params.pool_file / rm_dir ...: relative to the config file's directory; on the
+    command line, to the working directory; made absolute; a missing input fails at load."""
+    conf = tmp_path / "conf"
+    (conf / "data").mkdir(parents=True)
+    (conf / "data" / "suite.yaml").write_text("sets: []\n")
+    (conf / "rm").mkdir()
+    (conf / "run.yaml").write_text("log: {suite: data/suite.yaml}\nenv: {params: {rm_dir: rm}}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(conf / "run.yaml")
+    assert cfg.log.suite == str(conf / "data" / "suite.yaml")
+    assert cfg.env.params["rm_dir"] == str(conf / "rm")
+    assert "_rm_dirrm_" in run_name(cfg)  # a path enters the run name as its last part, wherever it lives
+    (elsewhere / "mine.yaml").write_text("sets: []\n")
+    assert load_config(conf / "run.yaml", ["log.suite=mine.yaml"]).log.suite == str(elsewhere / "mine.yaml")
+    with pytest.raises(ConfigError, match=r"log.suite: file not found: .*elsewhere/nope.yaml \(.*run.yaml; a "
+                                          "relative path in a config file is relative to the file's directory"):
+        load_config(conf / "run.yaml", ["log.suite=nope.yaml"])
+    with pytest.raises(ConfigError, match="env.params.rm_dir: dir not found: .*conf/gone"):
+        (conf / "gone.yaml").write_text("env: {params: {rm_dir: gone}}\n")
+        load_config(conf / "gone.yaml")
+    with pytest.raises(ConfigError, match="model.name: directory not found: .*conf/models/x"):
+        (conf / "model.yaml").write_text("model: {name: ./models/x}\n")
+        load_config(conf / "model.yaml")
+
+
+def test_every_shipped_config_loads_from_another_working_directory(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(configs / "rewrite_softened.yaml")
+    assert cfg.log.suite == str(configs / "suite_rewrite.yaml")
+    for path in sorted(configs.glob("*.yaml")):
+        if path.name.startswith(("suite_", "sweep_", "hypotheses_", "rm_")) or "rm_dir" in path.read_text():
+            continue  # not run configs, or configs that need a trained reward model
+        if "train_file:" in path.read_text():   # the LeetCode recipe: its data is downloaded, not shipped
+            with pytest.raises(ConfigError, match=f"env.params.train_file: file not found: {configs.parent}/data/"):
+                load_config(path)
+            load_config(path, [f"env.params.train_file={LEETCODE_MINI}", "env.params.eval_file=''"])
+            continue
+        load_config(path)
+
+
+def test_bad_yaml_names_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  steps: 3\n lr: 1\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3:2: invalid YAML: expected <block end>"):
+        load_config(bad)
+
+
+def test_validation_errors_are_one_line_naming_every_key():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.steps=0", "log.eval_prompts=-1"])
+    assert str(e.value) == ("invalid config (defaults): train.steps: Input should be greater than 0 (got 0); "
+                            "log.eval_prompts: Input should be greater than 0 (got -1)")

@@ -74,12 +74,12 @@ def test_thinking_switch_and_templates_fail_loudly(chat):
     with pytest.raises(ValueError, match="has no chat template"):
         render_chat(plain, msgs)
     with pytest.raises(ValueError, match="needs the policy's tokenizer"):
-        build_env(load_config(CONFIG).env)
+        build_env(load_config(CONFIG, [f"env.params.train_file={LEETCODE_MINI}", "env.params.eval_file=''"]).env)
     with pytest.raises(ValueError, match="env.params.enable_thinkin: unknown key for env .leetcode.; allowed: allow_hint"):
         _env(tok, "env.params.enable_thinkin=true")
     with pytest.raises(ValueError, match="unknown prompt variant"):
         _env(tok, "env.params.variant=hinted")
-    with pytest.raises(FileNotFoundError, match="env.params.train_file"):
+    with pytest.raises(ValueError, match="env.params.train_file: file not found"):   # at config load
         _env(tok, "env.params.train_file=nope.jsonl")
 
 

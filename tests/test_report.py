@@ -228,6 +228,7 @@ def test_build_report_end_to_end(sweep: Path, tmp_path: Path):
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page)
     assert page.count('<img src="data:image/png;base64,') == 2
     assert "<script" not in page and "&lt;script&gt;" in page
+    assert page.count("<table>") == page.count('<div class="scroll"><table>') > 0  # wide tables scroll, not cut
     assert "kl_s1" in page and "failed" in page and "incomplete" in page
     md = (out / "report.md").read_text()
     assert "](pareto.png)" in md and "routing_safer" in md and "SUPPORTED" in md

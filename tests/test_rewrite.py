@@ -223,3 +223,25 @@ def test_filter_prompts_cli_writes_a_usable_pool(tmp_path):
     res = CliRunner().invoke(app, ["filter-prompts", str(CONFIG), *over, "--out", str(out), "--prompts", "4",
                                    "--generations", "2", "--min-spread", "100"])
     assert res.exit_code == 2 and "lower --min-spread" in res.output
+
+
+@pytest.mark.slow
+def test_train_works_from_any_working_directory(tmp_path):
+    """`rhlab train /abs/configs/rewrite_softened.yaml` from elsewhere: log.suite (relative to the config)
+    is found, the run trains, and the suite's gate table is printed after training."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    over = ["train.steps=1", "train.batch_size=8", "train.num_generations=4", "sampling.max_new_tokens=16",
+            "log.eval_prompts=4", "log.progress=false", "threads=1"]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    res = subprocess.run([sys.executable, "-m", "rhlab", "train", str(repo / CONFIG), *over], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr
+    assert f"evaluation suite {repo / 'configs' / 'suite_rewrite.yaml'}" in res.stdout
+    assert "promotion gates:" in res.stdout
+    run_dir = tmp_path / "runs" / run_name(load_config(repo / CONFIG, over))  # output_dir: the working directory's
+    assert (run_dir / "eval" / "suite_rewrite_gates.json").exists()

@@ -111,14 +111,26 @@ def test_trajectory_by_hand():
     assert set(summary) == {"reward_mean", "grad_norm", "entropy"}
     r = summary["reward_mean"]
     # 1, 2, 3, 4: first 2 -> 1.5, last 2 -> 3.5; EMA span 3 (a = 0.5): 1 -> 1.5 -> 2.25 -> 3.125
-    assert (r["rows"], r["first"], r["last"], r["delta"], r["ema_3"]) == (4, 1.5, 3.5, 2.0, 3.125)
+    assert (r["rows"], r["window"], r["first"], r["last"], r["delta"], r["ema_3"]) == (4, 2, 1.5, 3.5, 2.0, 3.125)
     assert summary["grad_norm"]["ema_3"] == 6.25
-    assert summary["entropy"] == {"rows": 1, "first": 0.5, "last": 0.5, "delta": 0.0, "ema_3": 0.5}
+    assert summary["entropy"] == {"rows": 1, "window": 2, "first": 0.5, "last": 0.5, "delta": 0.0, "ema_3": 0.5}
     assert ema([1.0, 2.0], 20) == pytest.approx(1 + 2 / 21)
     default = trajectory_summary([{"step": 1, "reward_mean": 0.5, "reward/penalty_rate": 1.0}])
-    assert set(default["reward_mean"]) == {"rows", "first", "last", "delta", "ema_20", "ema_50"}
+    assert set(default["reward_mean"]) == {"rows", "window", "first", "last", "delta", "ema_20", "ema_50"}
     assert "reward/penalty_rate" in default
-    text = format_trajectory(summary, n=2)
+    # the default window adapts: half the rows (no overlap, so Δ is not 0 by construction), at most 20
+    adaptive = trajectory_summary([{"step": s, "reward_mean": float(s)} for s in range(1, 8)])["reward_mean"]
+    assert (adaptive["window"], adaptive["first"], adaptive["last"], adaptive["delta"]) == (3, 2.0, 6.0, 4.0)
+    long = trajectory_summary([{"step": s, "reward_mean": float(s)} for s in range(1, 101)])["reward_mean"]
+    assert (long["window"], long["first"], long["last"]) == (20, 10.5, 90.5)
+    assert trajectory_summary([{"step": 1, "reward_mean": 2.0}])["reward_mean"]["window"] == 1
+    mixed = trajectory_summary([{"step": s, "reward_mean": float(s), **({"grad_norm": 1.0} if s < 3 else {})}
+                                for s in range(1, 9)])
+    lines = format_trajectory(mixed).splitlines()  # windows differ (4 and 1 rows): an n column
+    assert lines[0] == "| metric | n | first n | last n | Δ | ema_20 | ema_50 |"
+    assert lines[2].startswith("| reward_mean | 4 | 2.5000 | 6.5000 | +4.0000 |")
+    assert lines[3].startswith("| grad_norm | 1 | 1.0000 | 1.0000 | +0.0000 |")
+    text = format_trajectory(summary)
     assert text.splitlines()[0] == "| metric | first 2 | last 2 | Δ | ema_3 |"
     assert "| reward_mean | 1.5000 | 3.5000 | +2.0000 | 3.1250 |" in text
     assert format_trajectory({}).startswith("(no trajectory")

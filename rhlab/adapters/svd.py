@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rhlab.config import ALL_LINEAR
+from rhlab.utils import user_mode
 
 
 def default_cache_dir() -> Path:
@@ -99,6 +100,7 @@ def svd_cached(weight: torch.Tensor, path: Path) -> tuple[torch.Tensor, torch.Te
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # parallel sweep workers: rename is atomic
     save_file({"U": U.contiguous().cpu(), "S": S.contiguous().cpu(), "Vh": Vh.contiguous().cpu()}, str(tmp))
+    user_mode(tmp)
     os.replace(tmp, path)
     return U, S, Vh, False
 

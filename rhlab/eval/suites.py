@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from rhlab.config import EnvConfig, RunConfig
+from rhlab.config import EnvConfig, RunConfig, load_yaml_file
 from rhlab.envs.base import build_env
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
@@ -122,7 +122,7 @@ def load_suite(path: str | Path) -> Suite:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"suite file not found: {path}")
-    return parse_suite(yaml.safe_load(path.read_text()) or {}, str(path))
+    return parse_suite(load_yaml_file(path, "suite file") or {}, str(path))
 
 
 # ---- evaluating policies ----------------------------------------------------------------
@@ -214,7 +214,7 @@ def run_suite_for_run(target: str | Path, suite_path: str | Path) -> list[GateRe
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} missing")
     cfg = RunConfig.model_validate(yaml.safe_load(cfg_path.read_text()))
-    trainer = Trainer(cfg, run_dir)  # fresh: the initial policy (a LoRA adapter starts as a no-op)
+    trainer = Trainer(cfg, run_dir, lock=False)  # fresh: the initial policy (a LoRA adapter starts as a no-op)
     baseline = evaluate_suite(suite, cfg.env, trainer)
     load_weights(trainer.model, ck)
     results = gate_results(suite, baseline, evaluate_suite(suite, cfg.env, trainer))

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from rhlab.utils import user_mode
+
 
 def add_lora(model, spec):
     from peft import LoraConfig, get_peft_model
@@ -45,6 +47,7 @@ def save(trainer, root: Path, step: int, keep: int = 1) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file(trainable_state(trainer.model), tmp / "weights.safetensors")
+    user_mode(tmp / "weights.safetensors")
     torch.save({"opt": trainer.opt.state_dict(), "sched": trainer.sched.state_dict()}, tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, "run_name": trainer.name,
                                                 "model": trainer.cfg.model.name,

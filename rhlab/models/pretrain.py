@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rhlab.models.corpus import PRETRAIN_SEED, make_corpus
+from rhlab.utils import user_mode
 
 EOS, UNK = "[EOS]", "[UNK]"
 
@@ -116,6 +117,8 @@ def pretrain(out_dir: str | Path, cfg: PretrainConfig = PretrainConfig(), log=pr
     model.generation_config.pad_token_id = None
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    for f in (f for f in out.iterdir() if f.is_file()):  # safetensors writes 0600
+        user_mode(f)
     info = {"pretrain_config": asdict(cfg), "final_loss_ema": loss_ema, "n_tokens": int(data.numel()),
             "seconds": round(time.time() - t0, 1), "torch": torch.__version__,
             "command": f"rhlab pretrain --corpus {cfg.corpus} --out {out_dir} --seed {cfg.seed} --steps {cfg.steps} --threads {cfg.threads}"}

@@ -145,6 +145,7 @@ def _md_hypotheses(results: list[HypothesisResult] | None) -> list[str]:
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
 padding:0 1em;color:#222}
+.scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right;vertical-align:top}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
@@ -170,7 +171,8 @@ def _html_table(header: list[str], rows: list[list[str]], verdict_cols: tuple[in
             cls = f' class="verdict-{_h(cell.lower())}"' if i in verdict_cols and cell else ""
             tds.append(f"<td{cls}>{_h(cell)}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    # wide tables (many metrics) scroll sideways inside the page instead of being cut off
+    return f"<div class=\"scroll\"><table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
 
 
 def data_uri(png: bytes) -> str:

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from rhlab.config import ConfigError, load_yaml_file
 
 from .runs import ReportError
 from .tables import SAFE_PASS, ArmTable
@@ -95,11 +95,9 @@ def load_hypotheses(path: str | Path) -> list[Hypothesis]:
     """Parse the hypotheses YAML; structural problems raise ReportError naming the file."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ReportError(f"cannot read hypotheses file {path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ReportError(f"{path}: invalid YAML ({e})") from None
+        data = load_yaml_file(path, "hypotheses file")
+    except (OSError, ConfigError) as e:
+        raise ReportError(str(e)) from None
     items = data.get("hypotheses") if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise ReportError(f"{path}: expected a top-level 'hypotheses:' list")

@@ -22,6 +22,7 @@ from torch import nn
 
 from rhlab.models.loading import encode_prompts, load_model, resolve_model_path
 from rhlab.models.sampler import left_pad
+from rhlab.utils import user_mode
 
 WEIGHTS, CONFIG = "model.safetensors", "rm_config.json"
 FORMAT_VERSION = 1
@@ -107,6 +108,7 @@ class RewardModel(nn.Module):
         out_dir.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().clone() for k, v in self.state_dict().items()}
         save_file(state, str(out_dir / WEIGHTS))
+        user_mode(out_dir / WEIGHTS)
         (out_dir / CONFIG).write_text(json.dumps({**self.config_dict(), **(extra or {})}, indent=2) + "\n")
         return out_dir
 

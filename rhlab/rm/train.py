@@ -70,7 +70,7 @@ def load_rm_config(path: str | Path | None, overrides: list[str] = ()) -> RMConf
     try:
         return RMConfig.model_validate(data)
     except ValidationError as e:
-        lines = [f"invalid reward-model config ({path or 'defaults'}):"]
+        lines = []
         for err in e.errors():
             key = ".".join(str(p) for p in err["loc"])
             msg = err["msg"]
@@ -79,8 +79,8 @@ def load_rm_config(path: str | Path | None, overrides: list[str] = ()) -> RMConf
                 msg = f"unknown key; allowed: {', '.join(sorted(section.model_fields))}"
             elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
                 msg += f" (got {err['input']!r})"
-            lines.append(f"  {key}: {msg}")
-        raise ConfigError("\n".join(lines)) from None
+            lines.append(f"{key}: {msg}")
+        raise ConfigError(f"invalid reward-model config ({path or 'defaults'}): " + "; ".join(lines)) from None
 
 
 # ---- loss & evaluation ---------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 ```yaml
 base: demo.yaml            # run config, relative to this file (or an inline `config:` mapping)
-output_dir: runs/my_sweep
+output_dir: runs/my_sweep  # relative to the working directory (an output)
 seeds: [1, 2, 3]
 fixed: {train.steps: 40}   # applied to every run
 arms:                      # name -> overrides; the arm name is set as `arm`
@@ -17,6 +17,9 @@ report:                    # optional: `rhlab sweep` builds the report when the 
   hypotheses: hyp.yaml     # preregistered claims (relative to this file)
   tables: [projection]     # extra printed tables: projection (the seed's headline), overopt (proxy vs gold)
 ```
+Paths inside the sweep's own values (config, fixed, arms, grid: e.g. env.params.rm_dir) are
+relative to this file, like those of a run config; --grid / --fixed values on the command line
+are relative to the working directory.
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rhlab.config import ConfigError, RunConfig, load_config, run_name
+from rhlab.config import (
+    PATH_KEYS,
+    ConfigError,
+    RunConfig,
+    format_validation_error,
+    load_config,
+    load_yaml_file,
+    resolve_paths,
+    run_name,
+)
 
 
 class ReportSpec(BaseModel):
@@ -46,9 +58,10 @@ class SweepSpec(BaseModel):
     base: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     output_dir: str = "runs/sweep"
-    seeds: list[int] = Field(default_factory=lambda: [42])
+    seeds: list[int] = Field(default_factory=lambda: [42], min_length=1, description="one run per seed")
     fixed: dict[str, Any] = Field(default_factory=dict)
-    arms: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"vanilla": {}})
+    arms: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"vanilla": {}}, min_length=1,
+                                            description="arm name -> its overrides")
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     workers: int = Field(0, ge=0)  # 0 = one per core
     threads_per_worker: int = Field(1, gt=0)
@@ -77,12 +90,11 @@ def _kv(d: dict[str, Any]) -> list[str]:
 def load_sweep(path: str | Path, extra_grid: dict[str, list] | None = None,
                extra_fixed: dict[str, Any] | None = None) -> tuple[SweepSpec, Path | None]:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"sweep file not found: {path}")
     try:
-        spec = SweepSpec.model_validate(yaml.safe_load(path.read_text()) or {})
+        spec = SweepSpec.model_validate(load_yaml_file(path, "sweep file") or {})
     except ValidationError as e:
-        raise ConfigError(f"invalid sweep {path}: {e}") from None
+        raise ConfigError(format_validation_error(e, f"sweep {path}", SweepSpec)) from None
+    _resolve_sweep_paths(spec, path.parent)
     spec.grid.update(extra_grid or {})
     spec.fixed.update(extra_fixed or {})
     if spec.base and spec.config:
@@ -104,6 +116,29 @@ def load_sweep(path: str | Path, extra_grid: dict[str, list] | None = None,
     return spec, base
 
 
+def _resolve_sweep_paths(spec: SweepSpec, base: Path) -> None:
+    """The sweep file's own path values, relative to its directory (see the module docstring)."""
+    resolve_paths(spec.config, base)
+    spec.fixed = {k: _resolve_value(k, v, base) for k, v in spec.fixed.items()}
+    spec.arms = {arm: {k: _resolve_value(k, v, base) for k, v in over.items()} for arm, over in spec.arms.items()}
+    spec.grid = {k: [_resolve_value(k, v, base) for v in vals] if isinstance(vals, list) else vals
+                 for k, vals in spec.grid.items()}
+
+
+def _resolve_value(key: str, value: Any, base: Path) -> Any:
+    """The value of one `key.path: value` override, made absolute when the key holds a path."""
+    keys = key.split(".")
+    if tuple(keys) not in PATH_KEYS and key != "model.name":
+        return value
+    nested = value
+    for k in reversed(keys):
+        nested = {k: nested}
+    resolve_paths(nested, base)
+    for k in keys:
+        nested = nested[k]
+    return nested
+
+
 def expand(spec: SweepSpec, base: Path | None) -> list[PlannedRun]:
     """Every arm x grid point x seed, validated now so a typo fails before any run starts."""
     keys = list(spec.grid)
@@ -118,7 +153,7 @@ def expand(spec: SweepSpec, base: Path | None) -> list[PlannedRun]:
                 try:
                     cfg = load_config(base, over)
                 except ConfigError as e:
-                    raise ConfigError(f"sweep arm {arm!r}, {dict(zip(keys, values))}, seed {seed}:\n{e}") from None
+                    raise ConfigError(f"sweep arm {arm!r}, {dict(zip(keys, values))}, seed {seed}: {e}") from None
                 name = run_name(cfg, always=tuple(keys))
                 if name in names:
                     raise ConfigError(f"two sweep runs share the name {name}: make arms differ in config")

@@ -3,7 +3,8 @@
 Local: one subprocess per run (`python -m rhlab train <resolved config>`), at most `workers`
 at once, each with its own thread count (PERF_NOTES: one-thread processes, one per core, beat
 one multi-threaded process in total throughput). A crashed run is reported, never fatal.
-Runs already complete are skipped; a partial run resumes from its last checkpoint.
+Runs already complete are skipped; a partial run resumes from its last checkpoint. A run whose
+directory another process holds (rhlab/rundir.py) is reported as `locked` and left alone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from rhlab.rundir import RunDirBusy, RunDirLock
 from rhlab.sweep.grid import PlannedRun
 
 
@@ -28,7 +30,7 @@ class RunResult:
     name: str
     arm: str
     seed: int
-    status: str  # complete | skipped (already complete) | failed
+    status: str  # complete | skipped (already complete) | locked (another process holds it) | failed
     seconds: float = 0.0
     final: dict = field(default_factory=dict)
     error: str = ""
@@ -44,6 +46,16 @@ def _final(run: PlannedRun) -> dict:
     return json.loads((run.run_dir / "summary.json").read_text()).get("final", {})
 
 
+def _busy(run: PlannedRun) -> str:
+    """The refusal message when another process holds the run directory, else "".
+    (A probe: a run that takes the directory after it still makes the worker exit with the message.)"""
+    try:
+        RunDirLock(run.run_dir).release()
+    except RunDirBusy as e:
+        return str(e)
+    return ""
+
+
 def _config_file(run: PlannedRun) -> Path:
     cfg = run.config.model_copy(deep=True)
     cfg.log.progress = False
@@ -56,6 +68,9 @@ def _config_file(run: PlannedRun) -> Path:
 def _run_local(run: PlannedRun) -> RunResult:
     if _is_complete(run):
         return RunResult(run.name, run.arm, run.seed, "skipped", final=_final(run))
+    busy = _busy(run)
+    if busy:
+        return RunResult(run.name, run.arm, run.seed, "locked", error=busy)
     cfg_path = _config_file(run)
     log = Path(run.config.output_dir) / "_logs" / f"{run.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -93,6 +108,8 @@ def _ray_task(cfg_dict: dict, name: str, arm: str, seed: int) -> dict:
         summary = Trainer(RunConfig.model_validate(cfg_dict)).train()
         return {"name": name, "arm": arm, "seed": seed, "status": "complete", "seconds": time.time() - t0,
                 "final": summary.get("final", {})}
+    except RunDirBusy as e:
+        return {"name": name, "arm": arm, "seed": seed, "status": "locked", "error": str(e)}
     except Exception as e:  # noqa: BLE001  (reported in the sweep summary, the sweep goes on)
         return {"name": name, "arm": arm, "seed": seed, "status": "failed", "seconds": time.time() - t0,
                 "error": f"{type(e).__name__}: {e}", "log": traceback.format_exc(limit=3)}

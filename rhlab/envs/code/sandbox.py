@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from .isolation import IsolationUnavailable, bwrap_command, check_isolation, child_env, popen_user, probe
+from .isolation import IsolationUnavailable, bwrap_command, check_isolation, child_env, probe
 
 STATUSES = ("passed", "failed", "timeout", "killed", "syntax_error", "error")
 
@@ -748,7 +748,7 @@ def _start(isolation: str, wfd: int) -> tuple[subprocess.Popen, str | None]:
     pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(wfd,),
                  start_new_session=True)
     if isolation == "bwrap":
-        return subprocess.Popen(bwrap_command(args), cwd="/", env={}, **pipes, **popen_user()), None
+        return subprocess.Popen(bwrap_command(args), cwd="/", env={}, **pipes), None
     workdir = tempfile.mkdtemp(prefix="rhlab-sbx-")
     try:
         return subprocess.Popen([sys.executable, *args], cwd=workdir, env=child_env(workdir), **pipes), workdir
