@@ -93,7 +93,7 @@ def test_paths_in_a_config_are_relative_to_its_file_and_checked_at_load(tmp_path
     (conf / "data").mkdir(parents=True)
     (conf / "data" / "suite.yaml").write_text("sets: []\n")
     (conf / "rm").mkdir()
-    (conf / "run.yaml").write_text("log: {suite: data/suite.yaml}\nenv: {params: {rm_dir: rm}}\n")
+    (conf / "run.yaml").write_text("log: {suite: data/suite.yaml}\nenv: {name: preference, params: {rm_dir: rm}}\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -107,7 +107,7 @@ def test_paths_in_a_config_are_relative_to_its_file_and_checked_at_load(tmp_path
                                           "relative path in a config file is relative to the file's directory"):
         load_config(conf / "run.yaml", ["log.suite=nope.yaml"])
     with pytest.raises(ConfigError, match="env.params.rm_dir: dir not found: .*conf/gone"):
-        (conf / "gone.yaml").write_text("env: {params: {rm_dir: gone}}\n")
+        (conf / "gone.yaml").write_text("env: {name: preference, params: {rm_dir: gone}}\n")
         load_config(conf / "gone.yaml")
     with pytest.raises(ConfigError, match="model.name: directory not found: .*conf/models/x"):
         (conf / "model.yaml").write_text("model: {name: ./models/x}\n")
