@@ -122,7 +122,7 @@ print(seen)
     assert "UNHOOKED" in r.stdout and not r.passed
     assert str(SECRET) not in r.stdout and "FileNotFoundError" in r.stdout
     seen = r.stdout
-    assert "('/', ['dev', 'lib', 'lib64', 'proc', 'py', 'tmp', 'usr'])" in seen
+    assert "('/', ['dev', 'harness', 'lib', 'lib64', 'proc', 'py', 'tmp', 'usr'])" in seen
     assert "('/root', 'FileNotFoundError')" in seen and "('/work', 'FileNotFoundError')" in seen
     assert f"('{tmp_path}', 'FileNotFoundError')" in seen
     # the pid namespace: the program is its init and alone
@@ -404,15 +404,15 @@ def test_time_limit_is_cpu_time_not_wall_clock():
 
 def test_missing_bubblewrap_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
-    isolation._bwrap.cache_clear()
-    isolation.probe.cache_clear()
+    for cached in (isolation._bwrap, isolation._bwrap_prefix, isolation.probe):
+        cached.cache_clear()
     try:
         with pytest.raises(isolation.IsolationUnavailable, match=r"apt-get install bubblewrap") as e:
             run_program("x = 1\n")
         assert "\n" not in str(e.value)
     finally:
-        isolation._bwrap.cache_clear()
-        isolation.probe.cache_clear()
+        for cached in (isolation._bwrap, isolation._bwrap_prefix, isolation.probe):
+            cached.cache_clear()
 
 
 def test_process_isolation_works_with_a_warning(capsys):

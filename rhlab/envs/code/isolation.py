@@ -24,10 +24,12 @@ import fcntl
 import functools
 import hashlib
 import os
+import py_compile
 import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +41,7 @@ SANDBOX_UID = 65534          # 'nobody': the host uid bwrap runs as when the gra
 TMP_BYTES = 64 << 20         # private /tmp (also the working directory)
 SHM_BYTES = 16 << 20         # private /dev/shm
 PY_MOUNT = "/py"             # where the sandbox Python root appears inside
+HARNESS_MOUNT = "/harness"   # where the compiled harness appears inside
 # Standard-library parts a graded program never needs (and the site dirs it must never see).
 _SKIP = frozenset({"site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo",
                    "ensurepip", "lib2to3"})
@@ -146,8 +149,9 @@ def child_env(home: str = "/tmp") -> dict[str, str]:
             "HOME": home, "TMPDIR": home}
 
 
-def bwrap_command(python_args: list[str]) -> list[str]:
-    """`[setpriv ...] bwrap ... -- /py/bin/python3 <python_args>`; run it with cwd / and env {}."""
+@functools.lru_cache(maxsize=1)
+def _bwrap_prefix() -> tuple[str, ...]:
+    """Everything of the command line but what runs: the same for every program."""
     root = python_root()
     cmd = [*_drop_root(), _bwrap(), "--unshare-all", "--unshare-user"]
     if _supports_disable_userns():
@@ -164,8 +168,35 @@ def bwrap_command(python_args: list[str]) -> list[str]:
     cmd += _system_lib_binds()
     cmd += ["--ro-bind", str(root), PY_MOUNT, "--proc", "/proc", "--dev", "/dev",
             "--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
-            "--chdir", "/tmp", "--", f"{PY_MOUNT}/bin/python3", *python_args]
-    return cmd
+            "--chdir", "/tmp"]
+    return tuple(cmd)
+
+
+def bwrap_command(python_args: list[str], script: Path | None = None) -> list[str]:
+    """`[setpriv ...] bwrap ... -- /py/bin/python3 <python_args>`; run it with cwd / and env {}.
+    `script` (a host file, e.g. the harness's .pyc) is bound read-only at /harness/<its name>."""
+    binds = ["--ro-bind", str(script), f"{HARNESS_MOUNT}/{script.name}"] if script is not None else []
+    return [*_bwrap_prefix(), *binds, "--", f"{PY_MOUNT}/bin/python3", *python_args]
+
+
+@functools.lru_cache(maxsize=8)
+def compiled_script(source: str) -> Path:
+    """`source` compiled once to a .pyc in the cache (the harness is ~13 kB of Python: compiling it
+    for every program cost ~15 ms, as much as the namespaces)."""
+    key = hashlib.sha256(f"{sys.version}|{source}".encode()).hexdigest()[:16]
+    path = _cache_base().parent / "sandbox-harness" / key / "harness.pyc"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
+    src = tmp.with_suffix(tmp.suffix + ".py")
+    src.write_text(source)
+    py_compile.compile(str(src), cfile=str(tmp), doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    src.unlink()
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
 
 
 @functools.lru_cache(maxsize=1)
@@ -184,6 +215,7 @@ def _drop_root() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def probe() -> None:
     """Run `print(1)` isolated once per process; raise IsolationUnavailable with one line if it fails."""
+    _bwrap()
     cmd = bwrap_command(["-S", "-c", "print(1)"])
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd="/", env={})

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from .isolation import IsolationUnavailable, bwrap_command, check_isolation, child_env, probe
+from .isolation import (HARNESS_MOUNT, IsolationUnavailable, bwrap_command, check_isolation, child_env,
+                        compiled_script, probe)
 
 STATUSES = ("passed", "failed", "timeout", "killed", "syntax_error", "error")
 
@@ -744,11 +745,13 @@ def _stop(proc: subprocess.Popen, finished: bool) -> None:
 
 def _start(isolation: str, wfd: int) -> tuple[subprocess.Popen, str | None]:
     """The child process (and, without bwrap, the host directory it works in)."""
-    args = [*_PY_FLAGS, "-c", _HARNESS, str(wfd)]
     pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(wfd,),
                  start_new_session=True)
     if isolation == "bwrap":
-        return subprocess.Popen(bwrap_command(args), cwd="/", env={}, **pipes), None
+        script = compiled_script(_HARNESS)
+        cmd = bwrap_command([*_PY_FLAGS, f"{HARNESS_MOUNT}/{script.name}", str(wfd)], script)
+        return subprocess.Popen(cmd, cwd="/", env={}, **pipes), None
+    args = [*_PY_FLAGS, "-c", _HARNESS, str(wfd)]
     workdir = tempfile.mkdtemp(prefix="rhlab-sbx-")
     try:
         return subprocess.Popen([sys.executable, *args], cwd=workdir, env=child_env(workdir), **pipes), workdir
