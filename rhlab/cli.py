@@ -199,10 +199,12 @@ def _suite_after_training(run_dir: Path, suite_path: str) -> None:
 
 @app.command()
 def demo(steps: Optional[int] = typer.Option(None, help="override train.steps"),
+         seed: Optional[int] = typer.Option(None, help="override the preset's seed"),
          output_dir: str = typer.Option("runs", help="where the run directory goes")):
     """Watch the built-in tiny model learn to hack the "happy" reward (a few minutes on a CPU)."""
     _at_least(steps, 1, "--steps")
-    overrides = [f"output_dir={output_dir}"] + ([f"train.steps={steps}"] if steps else [])
+    overrides = ([f"output_dir={output_dir}"] + ([f"train.steps={steps}"] if steps else [])
+                 + ([f"seed={seed}"] if seed is not None else []))
     cfg = _load(PRESETS / "demo.yaml", overrides)
     summary = _run(cfg)
     fin, ini = summary.get("final", {}), summary.get("initial", {})
