@@ -494,7 +494,7 @@ def _get(d: dict, key: str):
 
 
 def _extra_table(name: str, runs_dir: str, reference: Optional[str], out: Path) -> str:
-    """A sweep report's extra table: projection (the seed document's headline) or overopt (proxy vs gold)."""
+    """A sweep report's extra table: projection (the preregistered headline table) or overopt (proxy vs gold)."""
     if name == "projection":
         from rhlab.interventions.projection_headline import headline
         return headline([runs_dir], reference or "vanilla")

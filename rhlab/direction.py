@@ -1,6 +1,6 @@
 """Hack directions from contrastive pairs.
 
-Gradient side (the projection arm, seed document pseudocode B): for each completion, mean NLL
+Gradient side (the projection arm, docs/projection.md): for each completion, mean NLL
 over its own tokens, backward, read every SVD module's delta_S.grad [r];
     v_hack[module] = unit(mean hack grad - mean clean grad).
 This lives in the same rank space as the training gradient it is compared against.
@@ -28,7 +28,7 @@ from rhlab.models.loading import encode_prompts
 from rhlab.pairs import Pair, load_pairs, split_pairs
 from rhlab.utils import atomic_write_text, user_mode
 
-GATE_FRAC = 0.5  # the minimum fraction of modules with held-out cos > 0 (seed document step 1c)
+GATE_FRAC = 0.5  # the minimum fraction of modules with held-out cos > 0 (the preregistered validation gate)
 
 
 class DirectionError(RuntimeError):

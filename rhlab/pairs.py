@@ -3,7 +3,7 @@
 Pair sets live in a registry (one per environment) so v_hack can be extracted from any subset
 of modes: the weak-detector arm extracts from modes A, B only and is measured on all.
 
-Methodology (seed document, "generalization constraint"): pairs are authored from the
+Methodology (the preregistered design's "generalization constraint", docs/projection.md): pairs are authored from the
 environment's description, before and independently of any RL rollout. Do not tune them to
 the hacks that emerge in training; interpret a failure instead.
 

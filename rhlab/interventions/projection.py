@@ -1,4 +1,4 @@
-"""Rank-space gradient projection against a hack direction (seed document pseudocode C).
+"""Rank-space gradient projection against a hack direction (docs/projection.md).
 
 Every step, every SVD module, between backward and the optimizer step:
     cos = g . v / |g|;  if cos > 0:  g <- g - cos |g| v,  then rescale to the original |g|

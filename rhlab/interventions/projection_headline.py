@@ -1,4 +1,4 @@
-"""The projection experiment's headline table (seed document step 6), from finished runs.
+"""The projection experiment's headline table (the preregistered design's headline), from finished runs.
 
     python -m rhlab.interventions.projection_headline runs/sweep_projection [--reference vanilla]
 

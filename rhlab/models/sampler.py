@@ -1,8 +1,7 @@
 """Batched sampling with a KV cache.
 
 Written by hand instead of `model.generate` for speed and control: inverse-CDF sampling
-(one uniform per row, ~30x cheaper than torch.multinomial on CPU for a 4096 vocab, see
-PERF_NOTES), per-token log-probs returned without a second pass, and a seeded generator so
+(one uniform per row, ~30x cheaper than torch.multinomial on CPU for a 4096 vocab), per-token log-probs returned without a second pass, and a seeded generator so
 the same seed gives the same samples.
 
 Everything runs on the model's device (its first parameter's). The generator may live on that

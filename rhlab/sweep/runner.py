@@ -1,8 +1,8 @@
 """Run a planned sweep: local worker processes (default) or Ray tasks.
 
 Local: one subprocess per run (`python -m rhlab train <resolved config>`), at most `workers`
-at once, each with its own thread count (PERF_NOTES: one-thread processes, one per core, beat
-one multi-threaded process in total throughput). A crashed run is reported, never fatal.
+at once, each with its own thread count (one-thread processes, one per core, beat one multi-threaded
+process in total throughput: docs/performance.md, concurrent runs). A crashed run is reported, never fatal.
 Runs already complete are skipped; a partial run resumes from its last checkpoint. A run whose
 directory another process holds (rhlab/rundir.py) is reported as `locked` and left alone.
 """
