@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from .isolation import (HARNESS_MOUNT, IsolationUnavailable, bwrap_command, check_isolation, child_env,
-                        compiled_script, probe)
+from .isolation import HARNESS_MOUNT, bwrap_command, check_isolation, child_env, compiled_script, probe
 
 STATUSES = ("passed", "failed", "timeout", "killed", "syntax_error", "error")
 
