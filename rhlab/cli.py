@@ -19,6 +19,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from rhlab.config import ConfigError, load_config
+from rhlab.envs.code.isolation import IsolationUnavailable
 from rhlab.rundir import RunDirError
 
 try:  # recent typer vendors click; its usage errors are typer's own click's
@@ -30,7 +31,7 @@ PRESETS = Path(__file__).parent / "presets"
 # Not a terminal (a pipe, a file, a log): no wrapping, so paths and table rows stay whole.
 _TTY = sys.stdout.isatty()
 console = Console() if _TTY else Console(width=10_000, soft_wrap=True)
-ANTICIPATED = (ConfigError, RunDirError)
+ANTICIPATED = (ConfigError, RunDirError, IsolationUnavailable)  # the last: bwrap missing, from any command
 
 
 def _one_line(msg: str) -> str:
@@ -311,7 +312,6 @@ def grade(problems: Path = typer.Argument(..., help="problems JSONL (rl-rewardha
     _at_least(workers, 1, "--workers")
     _at_least(timeout, 0, "--timeout", strict=True)  # 0 would time every program out: all Incorrect
     from rhlab.envs.code.grading import format_summary, grade_files
-    from rhlab.envs.code.isolation import IsolationUnavailable
 
     for p in (problems, completions):
         if not p.exists():
@@ -320,7 +320,7 @@ def grade(problems: Path = typer.Argument(..., help="problems JSONL (rl-rewardha
     _writable_dir(out.parent, "--out")
     try:
         summary = grade_files(problems, completions, variant, out, workers, timeout_s=timeout, isolation=isolation)
-    except (ValueError, KeyError, IsolationUnavailable) as e:
+    except (ValueError, KeyError) as e:
         _fail(str(e))
     console.print(format_summary(summary), highlight=False)
     console.print(f"graded: {out}", highlight=False)

@@ -415,6 +415,20 @@ def test_missing_bubblewrap_is_a_one_line_error(monkeypatch):
             cached.cache_clear()
 
 
+def test_missing_bubblewrap_through_the_cli_is_one_line(tmp_path):
+    row = {"id": 1, "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+           "gt_answer": ["assert Solution().f() == 1"], "question": "q", "func_name": "Solution().f",
+           "setup_code": "", "canonical_solution": "class Solution:\n    def f(self):\n        return 1\n"}
+    (tmp_path / "p.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": 1, "completion": "```python\nx = 1\n```"}) + "\n")
+    p = subprocess.run([sys.executable, "-m", "rhlab", "grade", str(tmp_path / "p.jsonl"), str(tmp_path / "c.jsonl")],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, PATH=str(tmp_path)))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "error: sandbox: bubblewrap (bwrap) not found; install bubblewrap (apt-get install bubblewrap) "
+        "or set sandbox.isolation: process"]
+
+
 def test_process_isolation_works_with_a_warning(capsys):
     r = run_program("x = 1\n", [ValueTest("x", 1)], isolation="process")
     assert r.passed
