@@ -32,7 +32,8 @@ from rhlab.eval.diversity import diversity
 from rhlab.interventions.base import build_intervention
 from rhlab.models import checkpoint as ckpt
 from rhlab.models.loading import encode_prompts, load_model, resolve_device
-from rhlab.models.fast_llama import _core, policy_logits
+from rhlab.models.fast_llama import policy_logits
+from rhlab.models.llama_block import core_model
 from rhlab.models.packed import packed_logprobs, supports_packed
 from rhlab.models.sampler import Rollouts, SamplingConfig, generate
 from rhlab.rundir import RunDirLock
@@ -427,7 +428,7 @@ class Trainer:
 def enable_gradient_checkpointing(model) -> None:
     """transformers' per-layer checkpointing for the hf log-prob pass (active in train mode only; the
     packed pass checkpoints its own layers). Non-reentrant: correct with frozen embeddings (LoRA)."""
-    core = _core(model)
+    core = core_model(model)
     if not getattr(core, "supports_gradient_checkpointing", False):
         raise ConfigError(f"train.gradient_checkpointing=true: {type(core).__name__} does not support it")
     kwargs = {"use_reentrant": False}

@@ -13,14 +13,14 @@ transformers forward (tested).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _core(model):
-    """The LlamaForCausalLM inside a possible peft wrapper."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+from rhlab.models.llama_block import Dims, LayerWeights, core_model, decoder_layer, head_rows, qk_norms, rms_norm, \
+    rope_cos_sin
 
 
 STATIC_ROPE = ("default", "linear", "llama3")  # inv_freq fixed at load time (not "dynamic")
@@ -30,7 +30,7 @@ ARCHS = ("llama", "qwen2", "qwen3")
 
 
 def supports(model) -> bool:
-    core = _core(model)
+    core = core_model(model)
     cfg = getattr(core, "config", None)
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     return (getattr(cfg, "model_type", None) in ARCHS and rope.get("rope_type", "default") in STATIC_ROPE
@@ -38,20 +38,6 @@ def supports(model) -> bool:
             and not getattr(cfg, "use_sliding_window", False)
             and getattr(cfg, "hidden_act", "silu") == "silu" and hasattr(core, "model")
             and _in_features(getattr(core, "lm_head", None)) is not None)
-
-
-def qk_norms(att) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Qwen3's per-head q/k RMSNorm weights [head_dim] each, or None (LLaMA, Qwen2)."""
-    qn, kn = getattr(att, "q_norm", None), getattr(att, "k_norm", None)
-    return None if qn is None else (qn.weight, kn.weight)
-
-
-def norm_qk(qk: torch.Tensor, norms, H: int, eps: float) -> torch.Tensor:
-    """[..., H + KV, hd] q and k heads -> each RMS-normalised with its own weight (Qwen3); as is without norms."""
-    if norms is None:
-        return qk
-    q, k = qk.split((H, qk.shape[-2] - H), -2)
-    return torch.cat([_rms(q, norms[0], eps), _rms(k, norms[1], eps)], -2)
 
 
 def _in_features(m) -> int | None:
@@ -138,7 +124,7 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
     own tensors, detached, on their device. Put the model in eval mode first (dropout). A tied output
     layer appears under both names, the same tensor; a wrapped one (SVD on lm_head) is its own weight,
     so the receiving model must then have untied embeddings."""
-    core = _core(model)
+    core = core_model(model)
     merged: dict[str, torch.Tensor] = {}
     wrapped: list[str] = []
     for name, m in core.named_modules():
@@ -156,23 +142,13 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def _head(core, vocab_limit: int | None):
-    """Output-layer weight (and bias) restricted to the first vocab_limit rows, or None when the
-    head is not a plain Linear (then callers use the full logits and mask them)."""
-    head = getattr(core, "lm_head", None)
-    if not isinstance(head, torch.nn.Linear):
-        return None
-    n = head.out_features if vocab_limit is None else min(vocab_limit, head.out_features)
-    return head.weight[:n], None if head.bias is None else head.bias[:n]
-
-
 def policy_logits(model, ids, attn, pos, prompt_len: int, vocab_limit: int | None = None) -> torch.Tensor:
     """Logits predicting the completion tokens (positions prompt_len-1 .. end-1), over the first
     vocab_limit ids. Computing only those positions and rows is exact for the policy and skips
     most of the output layer when a model's vocabulary is larger than its tokenizer's (the
     built-in model uses 576 of 4096 rows)."""
-    core = _core(model)
-    head = _head(core, vocab_limit)
+    core = core_model(model)
+    head = head_rows(core, vocab_limit)
     base = getattr(core, getattr(core, "base_model_prefix", "model"), None)
     if head is not None and base is not None:
         h = base(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state[:, prompt_len - 1:-1]
@@ -184,57 +160,29 @@ def policy_logits(model, ids, attn, pos, prompt_len: int, vocab_limit: int | Non
     return logits
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm (normalise in float32, scale in the model's dtype) as one fused op where exact:
-    torch's rms_norm equals transformers' formula bit for bit in float32 (tested via the samples)."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), w, eps)
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rope_cos_sin(rotary_emb, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [*pos.shape, head_dim] as transformers' LlamaRotaryEmbedding computes them (position *
-    inv_freq in float32, cos/sin times attention_scaling, then the model's dtype)."""
-    freqs = pos.float()[..., None] * rotary_emb.inv_freq.float().to(pos.device)
-    emb = torch.cat((freqs, freqs), -1)
-    scale = float(rotary_emb.attention_scaling)
-    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in transformers' rotate-half layout."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
-
-
-def _cat(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    ws, bs = zip(*parts)
+def _fused(mods: list[nn.Module]):
+    """x -> the modules' outputs concatenated, as one matmul on their effective weights (read once)."""
+    if len(mods) == 1:
+        W, b = effective_linear(mods[0])
+        return partial(F.linear, weight=W, bias=b)
+    ws, bs = zip(*(effective_linear(m) for m in mods))
     bias = None if all(b is None for b in bs) else torch.cat(
         [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(ws, bs)])
-    return torch.cat(ws), bias
+    return partial(F.linear, weight=torch.cat(ws), bias=bias)
 
 
 class LlamaRunner:
     def __init__(self, model, batch: int, max_len: int, vocab_limit: int | None = None):
-        core = _core(model)
+        core = core_model(model)
         assert supports(model), f"LlamaRunner supports {', '.join(ARCHS)} models with static RoPE " \
                                 f"({STATIC_ROPE}), full attention, SiLU MLP"
-        cfg = core.config
-        self.h, self.kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.h
-        self.embed, self.eps = core.model.embed_tokens, float(cfg.rms_norm_eps)
-        self.layers = []
-        for layer in core.model.layers:
-            att, mlp = layer.self_attn, layer.mlp
-            self.layers.append((
-                layer.input_layernorm.weight,
-                _cat([effective_linear(att.q_proj), effective_linear(att.k_proj), effective_linear(att.v_proj)]),
-                effective_linear(att.o_proj),
-                layer.post_attention_layernorm.weight,
-                _cat([effective_linear(mlp.gate_proj), effective_linear(mlp.up_proj)]),
-                effective_linear(mlp.down_proj),
-                qk_norms(att)))
+        self.dims = d = Dims.of(core.config)
+        self.embed = core.model.embed_tokens
+        self.layers = [LayerWeights(
+            layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qk_norms(layer.self_attn),
+            qkv=_fused([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+            o=_fused([layer.self_attn.o_proj]), gate_up=_fused([layer.mlp.gate_proj, layer.mlp.up_proj]),
+            down=_fused([layer.mlp.down_proj])) for layer in core.model.layers]
         self.norm = core.model.norm.weight
         W, b = effective_linear(core.lm_head)
         n = W.shape[0] if vocab_limit is None else min(vocab_limit, W.shape[0])
@@ -243,14 +191,22 @@ class LlamaRunner:
         self.dtype = p.dtype
         # RoPE tables for every position the cache can hold: indexing them is exact and saves ~10 ops a step
         self.cos, self.sin = rope_cos_sin(core.model.rotary_emb, torch.arange(max_len, device=p.device), self.dtype)
-        shape = (len(self.layers), batch, self.kv, max_len, self.hd)
+        shape = (len(self.layers), batch, d.KV, max_len, d.hd)
         self.k = torch.zeros(shape, dtype=self.dtype, device=p.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=p.device)
         # additive attention bias over cache slots: 0 = visible, -inf = padding / not yet written
         self.pad_bias = torch.zeros((batch, 1, 1, max_len), dtype=self.dtype, device=p.device)
 
-    def _rope(self, pos: torch.Tensor):
-        return self.cos[pos][:, None], self.sin[pos][:, None]
+    def _attend(self, i: int, start: int, bias: torch.Tensor, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Layer i: the new tokens' k and v into cache slots [start, start + L), then attention over [0, start + L)."""
+        (B, L), d = qk.shape[:2], self.dims
+        end = start + L
+        q, k = qk.transpose(1, 2).split((d.H, d.KV), 1)
+        self.k[i, :B, :, start:end] = k
+        self.v[i, :B, :, start:end] = v.view(B, L, d.KV, d.hd).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, self.k[i, :B, :, :end], self.v[i, :B, :, :end], attn_mask=bias,
+                                           enable_gqa=d.H != d.KV)
+        return a.transpose(1, 2).reshape(B, L, d.H * d.hd)
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -295,19 +251,8 @@ class LlamaRunner:
             # NaNs that leak through 0 * NaN in later layers (real tokens never see padding)
             diag = torch.arange(L, device=pad.device)
             bias[:, :, diag, start + diag] = 0.0
-        cos, sin = self._rope(pos)
+        cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, L, 1, hd]: one per token
         x = self.embed(ids)
-        nq, nkv = self.h * self.hd, self.kv * self.hd
-        for i, (w_in, qkv, o, w_post, gate_up, down, norms) in enumerate(self.layers):
-            qk, v = F.linear(_rms(x, w_in, self.eps), *qkv).split((nq + nkv, nkv), -1)
-            qk = norm_qk(qk.view(B, L, self.h + self.kv, self.hd), norms, self.h, self.eps)
-            # q and k heads rotated in one pass (same cos/sin per position)
-            q, k = rotate(qk.transpose(1, 2), cos, sin).split((self.h, self.kv), 1)
-            self.k[i, :B, :, start:end] = k
-            self.v[i, :B, :, start:end] = v.view(B, L, self.kv, self.hd).transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, self.k[i, :B, :, :end], self.v[i, :B, :, :end], attn_mask=bias,
-                                               enable_gqa=self.h != self.kv)
-            x = x + F.linear(a.transpose(1, 2).reshape(B, L, nq), *o)
-            g, u = F.linear(_rms(x, w_post, self.eps), *gate_up).chunk(2, -1)
-            x = x + F.linear(F.silu(g) * u, *down)
-        return F.linear(_rms(x[:, -1], self.norm, self.eps), *self.head)
+        for i, w in enumerate(self.layers):
+            x = decoder_layer(x, w, self.dims, cos, sin, partial(self._attend, i, start, bias))
+        return F.linear(rms_norm(x[:, -1], self.norm, self.dims.eps), *self.head)

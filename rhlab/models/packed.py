@@ -15,18 +15,20 @@ rounding (tests/test_packed.py); LLaMA-architecture models, Qwen2 and Qwen3 (fas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from rhlab.models.fast_llama import (_core, _head, _rms, norm_qk, peft_lora_parts, qk_norms, rope_cos_sin, rotate,
-                                     supports)
+from rhlab.models.fast_llama import peft_lora_parts, supports
+from rhlab.models.llama_block import Dims, LayerWeights, core_model, decoder_layer, head_rows, qk_norms, rms_norm, \
+    rope_cos_sin
 
 
 def supports_packed(model) -> bool:
-    cfg = getattr(_core(model), "config", None)
+    cfg = getattr(core_model(model), "config", None)
     return supports(model) and float(getattr(cfg, "attention_dropout", 0.0) or 0.0) == 0.0
 
 
@@ -124,24 +126,21 @@ def packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_m
     """Per-token log p(completion token) under softmax(logits / temperature) over the first vocab_limit
     ids: [B, T], 0 at masked positions (+ entropy [B, T], no gradient). Differentiable in the model.
     checkpoint: gradient checkpointing per decoder layer (train.gradient_checkpointing)."""
-    core = _core(model)
-    cfg, base = core.config, core.model
-    H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-    eps = float(cfg.rms_norm_eps)
+    core = core_model(model)
+    base = core.model
+    dims = Dims.of(core.config)
+    H, KV, hd = dims.H, dims.KV, dims.hd
     dtype = base.embed_tokens.weight.dtype
     lay = build_layout(prompt_ids, prompt_mask, completion_ids, completion_mask, dtype)
     B, P = prompt_ids.shape
     U, Tc = lay.prompt_slots.shape[0], lay.compl_bias.shape[2]
-    cos, sin = (t[:, None] for t in rope_cos_sin(base.rotary_emb, lay.pos, dtype))
+    cos, sin = (t[:, None] for t in rope_cos_sin(base.rotary_emb, lay.pos, dtype))  # [N, 1, hd]
     gqa = H != KV
 
-    def block(layer, x):
-        att, mlp = layer.self_attn, layer.mlp
-        qkv = _linear([att.q_proj, att.k_proj, att.v_proj], _rms(x, layer.input_layernorm.weight, eps))
-        qk, v = qkv.split(((H + KV) * hd, KV * hd), -1)
-        qk = rotate(norm_qk(qk.view(-1, H + KV, hd), qk_norms(att), H, eps), cos, sin).flatten(1)
-        qkv = torch.cat([qk, v], -1)
+    def attend(qk, v):
+        """Packed q/k [N, H + KV, hd] and v [N, KV hd] -> [N, H hd]: the distinct prompts (causal), then each
+        row's completion queries over its prompt's keys and its own (lay.compl_bias)."""
+        qkv = torch.cat([qk.flatten(1), v], -1)
         q, k, v = _heads(_rows(qkv, lay.prompt_slots), H, KV, hd)
         outs = [F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).transpose(1, 2)
                 .reshape(U * P, H * hd)]
@@ -149,17 +148,23 @@ def packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_m
             q, k, v = _heads(_rows(qkv, lay.compl_slots), H, KV, hd)
             a = F.scaled_dot_product_attention(q[:, :, P:], k, v, attn_mask=lay.compl_bias, enable_gqa=gqa)
             outs.append(a.transpose(1, 2).reshape(B * Tc, H * hd))
-        x = x + _linear([att.o_proj], torch.cat(outs).index_select(0, lay.back))
-        g, u = _linear([mlp.gate_proj, mlp.up_proj], _rms(x, layer.post_attention_layernorm.weight, eps)).chunk(2, -1)
-        return x + _linear([mlp.down_proj], F.silu(g) * u)
+        return torch.cat(outs).index_select(0, lay.back)
+
+    def block(layer, x):
+        # the weights are read here, inside the (possibly checkpointed) function, so a recompute sees them
+        att, mlp = layer.self_attn, layer.mlp
+        w = LayerWeights(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qk_norms(att),
+                         qkv=partial(_linear, [att.q_proj, att.k_proj, att.v_proj]), o=partial(_linear, [att.o_proj]),
+                         gate_up=partial(_linear, [mlp.gate_proj, mlp.up_proj]), down=partial(_linear, [mlp.down_proj]))
+        return decoder_layer(x, w, dims, cos, sin, attend)
 
     x = base.embed_tokens(lay.ids)
     ckpt = checkpoint and torch.is_grad_enabled()
     for layer in base.layers:
         # checkpointing keeps only each layer's input; the backward recomputes the layer (same numbers)
         x = torch.utils.checkpoint.checkpoint(block, layer, x, use_reentrant=False) if ckpt else block(layer, x)
-    h = _rms(x.index_select(0, lay.pred_src), base.norm.weight, eps)
-    head = _head(core, vocab_limit)
+    h = rms_norm(x.index_select(0, lay.pred_src), base.norm.weight, dims.eps)
+    head = head_rows(core, vocab_limit)
     logits = (F.linear(h, *head) if head is not None else core.lm_head(h)[:, :vocab_limit]).float()
     logp_all = (logits / temperature).log_softmax(-1)
     logp = logp_all[lay.pred, completion_ids.masked_fill(~lay.mask, 0)].masked_fill(~lay.mask, 0.0)

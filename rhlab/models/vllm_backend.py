@@ -79,14 +79,14 @@ class VLLMSampler:
     """A colocated vLLM engine for the Trainer's rollouts: created once, weights pushed before each generation."""
 
     def __init__(self, model, cfg, eos_id: int, pad_id: int, vocab_limit: int | None):
-        from rhlab.models.fast_llama import _core
+        from rhlab.models.llama_block import core_model
         from rhlab.models.loading import resolve_model_path
 
         vllm = import_vllm()
         self.SamplingParams = vllm.SamplingParams
         self.eos_id, self.pad_id = eos_id, pad_id
         self.checked = False
-        core = _core(model)
+        core = core_model(model)
         vocab = core.config.vocab_size
         # the policy's support is the tokenizer's ids (generate() masks the rest; vLLM must too)
         self.allowed = list(range(vocab_limit)) if vocab_limit is not None and vocab_limit < vocab else None
