@@ -35,7 +35,7 @@ from rhlab.models.loading import encode_prompts, load_model, resolve_device
 from rhlab.models.fast_llama import policy_logits
 from rhlab.models.llama_block import core_model
 from rhlab.models.packed import packed_logprobs, supports_packed
-from rhlab.models.sampler import Rollouts, SamplingConfig, generate
+from rhlab.models.sampler import Rollouts, generate
 from rhlab.rundir import RunDirLock
 from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
 
@@ -139,7 +139,7 @@ class Trainer:
                                      fused=self.device.type in ("cpu", "cuda"))
         self.total_updates = t.steps * t.num_iterations
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_lambda)
-        self.sampling = SamplingConfig(**cfg.sampling.model_dump())
+        self.sampling = cfg.sampling
         self.baseline = MovingBaseline(t.baseline_momentum) if t.algo == "reinforce" else None
         self.step = 0
         self.intervention.setup(self)
@@ -176,7 +176,7 @@ class Trainer:
 
     # ---- pieces of a step ------------------------------------------------------------
     def rollout(self, prompts: list[str], seed: int, temperature: float | None = None) -> tuple[Rollouts, list[str]]:
-        s = self.sampling if temperature is None else SamplingConfig(**{**self.sampling.__dict__, "temperature": temperature})
+        s = self.sampling if temperature is None else self.sampling.model_copy(update={"temperature": temperature})
         self.model.eval()
         ids = encode_prompts(self.tok, prompts)
         if self.vllm is not None:

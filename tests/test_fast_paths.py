@@ -14,7 +14,8 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 
 from rhlab.models.fast_llama import supports
 from rhlab.models.packed import supports_packed
-from rhlab.models.sampler import SamplingConfig, generate, pick_backend
+from rhlab.models.sampler import generate, pick_backend
+from rhlab.models.sampling import SamplingSpec
 from rhlab.trainer import enable_gradient_checkpointing, sequence_logprobs
 
 V, EOS, PAD = 96, 2, 0
@@ -65,7 +66,7 @@ def _prompts():
 
 
 def _rollouts(model, backend):
-    cfg = SamplingConfig(max_new_tokens=12, temperature=1.0, backend=backend)
+    cfg = SamplingSpec(max_new_tokens=12, temperature=1.0, backend=backend)
     return generate(model, _prompts(), cfg, EOS, PAD, torch.Generator().manual_seed(5))
 
 

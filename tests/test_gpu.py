@@ -48,13 +48,14 @@ def test_cuda_bfloat16_training_with_and_without_checkpointing(gpu_chat_model, t
 def test_fast_paths_on_cuda_bfloat16(gpu_chat_model):
     """The fast sampler and the packed pass against transformers on the GPU in bfloat16 (looser tolerance)."""
     from rhlab.models.loading import encode_prompts
-    from rhlab.models.sampler import SamplingConfig, generate
+    from rhlab.models.sampling import SamplingSpec
+    from rhlab.models.sampler import generate
     from rhlab.trainer import sequence_logprobs
 
     model, tok = load_model(str(gpu_chat_model), torch.bfloat16)
     model.cuda()
     ids = encode_prompts(tok, ["def f(x):", "class Solution:\n    def"] * 2)
-    gen = lambda b: generate(model, ids, SamplingConfig(max_new_tokens=16, backend=b), tok.eos_token_id,  # noqa: E731
+    gen = lambda b: generate(model, ids, SamplingSpec(max_new_tokens=16, backend=b), tok.eos_token_id,  # noqa: E731
                              tok.pad_token_id, torch.Generator(device="cuda").manual_seed(0), len(tok))
     r = gen("fast")
     m = r.completion_mask.bool()

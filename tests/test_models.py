@@ -4,14 +4,15 @@ import pytest
 import torch
 
 from rhlab.models.loading import encode_prompts, load_model, resolve_model_path
-from rhlab.models.sampler import SamplingConfig, filter_logits, generate
+from rhlab.models.sampler import filter_logits, generate
+from rhlab.models.sampling import SamplingSpec
 from rhlab.trainer import sequence_logprobs
 
 PROMPTS = ["Mia was a little girl who lived by the sea.", "One sunny morning, Tom woke up early."]
 
 
 def _gen(model, tok, prompts, seed=0, **kw):
-    cfg = SamplingConfig(**{"max_new_tokens": 24, **kw})
+    cfg = SamplingSpec(**{"max_new_tokens": 24, **kw})
     return generate(model, encode_prompts(tok, prompts), cfg, tok.eos_token_id, tok.pad_token_id,
                     torch.Generator().manual_seed(seed), vocab_limit=len(tok))
 
@@ -146,8 +147,8 @@ def test_fast_backend_matches_transformers_forward(builtin, lora):
 
 
 def test_backend_errors(hub_cache, builtin):
-    with pytest.raises(ValueError, match="allowed: auto, fast, hf"):
-        _gen(*builtin, PROMPTS, backend="vllm-typo")
+    with pytest.raises(ValueError, match="backend\n  Input should be 'auto', 'fast', 'hf' or 'vllm'"):
+        _gen(*builtin, PROMPTS, backend="vllm-typo")  # the settings themselves reject it
     with pytest.raises(ValueError, match="not a generate\\(\\) backend.*Trainer"):
         _gen(*builtin, PROMPTS, backend="vllm")
 
@@ -300,7 +301,7 @@ def test_rollouts_from_completions_reproduces_generate_layout(builtin):
     model, tok = builtin
     prompts = encode_prompts(tok, (PROMPTS + ["Leo was a kind bear who lived on a green hill."]) * 4)
     T = 60
-    r = generate(model, prompts, SamplingConfig(max_new_tokens=T), tok.eos_token_id, tok.pad_token_id,
+    r = generate(model, prompts, SamplingSpec(max_new_tokens=T), tok.eos_token_id, tok.pad_token_id,
                  torch.Generator().manual_seed(2), vocab_limit=len(tok))
     assert r.truncated.any() and (~r.truncated).any()  # both kinds of row, and prompts of three lengths
     n = r.completion_mask.sum(1).tolist()

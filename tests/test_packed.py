@@ -8,7 +8,8 @@ import torch
 from rhlab.algos.losses import policy_loss
 from rhlab.models.loading import encode_prompts
 from rhlab.models.packed import build_layout, packed_logprobs
-from rhlab.models.sampler import Rollouts, SamplingConfig, generate
+from rhlab.models.sampler import Rollouts, generate
+from rhlab.models.sampling import SamplingSpec
 from rhlab.trainer import sequence_logprobs
 
 PROMPTS = ["Mia was a little girl who lived by the sea.", "One day, Tom saw a dog.", "The sun was hot."]
@@ -20,7 +21,7 @@ def rollouts(builtin):
     that end early (EOS) and ones that are truncated (right padding)."""
     model, tok = builtin
     prompts = [p for p in PROMPTS for _ in range(4)] + ["Lily"]
-    r = generate(model, encode_prompts(tok, prompts), SamplingConfig(max_new_tokens=40, temperature=1.3),
+    r = generate(model, encode_prompts(tok, prompts), SamplingSpec(max_new_tokens=40, temperature=1.3),
                  tok.eos_token_id, tok.pad_token_id, torch.Generator().manual_seed(1), vocab_limit=len(tok))
     lens = r.completion_mask.sum(1)
     assert r.truncated.any() and (~r.truncated).any() and lens.min() < 40  # the cases this test is about

@@ -16,17 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-
-@dataclass
-class SamplingConfig:
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1.0 = off
-    repetition_penalty: float = 1.0  # 1.0 = off; applied to sampling only (log-probs stay the policy's)
-    backend: str = "auto"
-    vllm_gpu_memory_utilization: float = 0.3  # backend=vllm only (the Trainer's VLLMSampler)
-    vllm_max_model_len: int | None = None  # backend=vllm only; None = the model's
+from rhlab.models.sampling import SamplingSpec
 
 
 @dataclass
@@ -157,9 +147,9 @@ def pick_backend(model, backend: str) -> str:
     return ("fast" if supports(model) else "hf") if backend == "auto" else backend
 
 
-def generate(model, prompts: list[list[int]], cfg: SamplingConfig, eos_id: int, pad_id: int,
+def generate(model, prompts: list[list[int]], cfg: SamplingSpec, eos_id: int, pad_id: int,
              generator: torch.Generator, vocab_limit: int | None = None) -> Rollouts:
-    """Sample one completion per prompt (repeat prompts for groups).
+    """Sample one completion per prompt (repeat prompts for groups) with the settings of a run's sampling section.
 
     vocab_limit masks logits of ids >= the tokenizer's size (models often pad their vocab).
     cfg.backend: "fast" (LLaMA static-cache runner), "hf" (any model), "auto" (fast when it applies).

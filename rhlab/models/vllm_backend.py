@@ -19,7 +19,8 @@ import socket
 
 import torch
 
-from rhlab.models.sampler import Rollouts, SamplingConfig
+from rhlab.models.sampler import Rollouts
+from rhlab.models.sampling import SamplingSpec
 
 INSTALL = "sampling.backend=vllm needs vLLM: pip install 'rhlab[vllm]' (GPU only)"
 
@@ -134,7 +135,7 @@ class VLLMSampler:
 
                 warnings.warn(msg + " (they keep the checkpoint's values)", stacklevel=2)
 
-    def sampling_params(self, cfg: SamplingConfig, seed: int):
+    def sampling_params(self, cfg: SamplingSpec, seed: int):
         """One SamplingParams per completion: a group repeats its prompt, and one seed for all its
         members would give them the same completion."""
         kw = {"n": 1, "temperature": cfg.temperature, "top_k": cfg.top_k if cfg.top_k > 0 else -1,  # -1 = off
@@ -144,7 +145,7 @@ class VLLMSampler:
             kw["allowed_token_ids"] = self.allowed
         return lambda i: self.SamplingParams(**kw, seed=(seed * 1_000_003 + i) % 2**63)
 
-    def generate(self, prompts: list[list[int]], cfg: SamplingConfig, seed: int) -> Rollouts:
+    def generate(self, prompts: list[list[int]], cfg: SamplingSpec, seed: int) -> Rollouts:
         """One completion per prompt (repeat prompts for groups), in generate()'s layout, on the CPU."""
         params = self.sampling_params(cfg, seed)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],

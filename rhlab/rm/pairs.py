@@ -16,7 +16,8 @@ from typing import Optional
 import torch
 
 from rhlab.models.loading import encode_prompts
-from rhlab.models.sampler import SamplingConfig, generate
+from rhlab.models.sampler import generate
+from rhlab.models.sampling import SamplingSpec
 from rhlab.utils import atomic_write_text
 
 
@@ -30,7 +31,7 @@ class Pair:
     flipped: bool = False  # True: the noisy label disagrees with the gold ordering
 
 
-def sample_completion_pairs(model, tok, prompt_pool: list[str], n_pairs: int, sampling: SamplingConfig,
+def sample_completion_pairs(model, tok, prompt_pool: list[str], n_pairs: int, sampling: SamplingSpec,
                             seed: int, batch_size: int = 128) -> tuple[list[str], list[str], list[str]]:
     """(prompts, completions_a, completions_b): two samples per prompt; identical pairs are dropped
     (they carry no preference) and replaced by fresh ones."""

@@ -29,7 +29,7 @@ from rhlab.config import ConfigError, read_yaml
 from rhlab.envs.preference import GoldConfig, GoldReward
 from rhlab.envs.stories import story_prompts
 from rhlab.models.loading import load_model
-from rhlab.models.sampler import SamplingConfig
+from rhlab.models.sampling import SamplingSpec
 from rhlab.rm.model import RewardModel
 from rhlab.rm.pairs import Pair, label_pairs, read_pairs, sample_completion_pairs, write_pairs
 from rhlab.utils import atomic_write_text, seed_everything, write_json
@@ -171,7 +171,7 @@ def train_reward_model(cfg: RMConfig, out_dir: str | Path, log=print) -> dict:
             for x, gc, gr in zip(pairs, g[:len(pairs)], g[len(pairs):]):
                 x.gold_chosen, x.gold_rejected, x.flipped = gc, gr, gc < gr
     else:
-        sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        sampling = SamplingSpec(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
         pool = story_prompts(cfg.n_prompt_sentences, cfg.prompt_pool)
         policy, tok = (gold.model, gold.tok) if cfg.policy == cfg.gold.reference else load_model(cfg.policy)
         prompts, a, b = sample_completion_pairs(policy, tok, pool, cfg.n_pairs, sampling, cfg.seed,
