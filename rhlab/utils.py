@@ -1,4 +1,4 @@
-"""Small shared helpers: atomic writes, JSON lines, seeding."""
+"""Small shared helpers: atomic writes, JSON lines, seeding. Light to import (torch only inside seed_everything)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ import os
 import random
 import tempfile
 from pathlib import Path
-
-import numpy as np
-import torch
 
 # Read once at import (os.umask can only be read by setting it, which is not thread-safe).
 UMASK = os.umask(0)
@@ -45,30 +42,43 @@ def append_jsonl(path: str | Path, row: dict) -> None:
         f.flush()
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """All complete rows; a torn last line (killed mid-write) is dropped, any other bad line raises."""
+def read_jsonl(path: str | Path, torn_tail: bool = False) -> list[dict]:
+    """The rows (JSON objects) of a JSONL file; a missing file reads as empty, blank lines are skipped.
+
+    torn_tail: drop an unparsable last line that lacks its newline (append_jsonl writes each row and
+    its newline at once: such a line is a row being written, or one cut off by a kill). Without it,
+    and for any other bad line, ValueError naming the file and line."""
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
     rows = []
-    for i, line in enumerate(lines):
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if torn_tail and i == len(lines) and not text.endswith("\n"):
                 break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+            raise ValueError(f"{path}: line {i} is not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {i} must be a JSON object, got {type(row).__name__}")
+        rows.append(row)
     return rows
 
 
 def truncate_jsonl(path: str | Path, max_step: int) -> None:
-    """Keep rows with step <= max_step: a resumed run recomputes the rest exactly once."""
-    rows = [r for r in read_jsonl(path) if r["step"] <= max_step]
+    """Keep rows with step <= max_step (and drop a torn last row): a resumed run recomputes the rest exactly once."""
+    rows = [r for r in read_jsonl(path, torn_tail=True) if r["step"] <= max_step]
     atomic_write_text(path, "".join(json.dumps(r, default=float) + "\n" for r in rows))
 
 
 def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

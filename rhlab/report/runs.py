@@ -17,6 +17,8 @@ from typing import Any, Iterable
 
 import yaml
 
+from rhlab.utils import read_jsonl
+
 DEFAULT_ARM = "vanilla"
 
 
@@ -81,7 +83,7 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     has_summary = (d / "summary.json").exists()
     summary = _read_json(d / "summary.json") if has_summary else {}
     status = str(summary.get("status", "incomplete"))
-    metrics = read_jsonl(d / "metrics.jsonl", allow_partial_tail=status != "complete")
+    metrics = _read_rows(d / "metrics.jsonl", torn_tail=status != "complete")  # a running run appends
 
     final_raw = summary.get("final", {}) or {}
     if not isinstance(final_raw, dict):
@@ -105,42 +107,24 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     )
 
 
-def read_jsonl(path: Path, allow_partial_tail: bool = False) -> list[dict[str, Any]]:
-    """Read a JSONL file of objects; a missing file reads as empty.
-
-    With ``allow_partial_tail`` an unparsable last line that lacks its newline
-    (a write in progress in a running run) is skipped instead of raising.
-    """
-    if not path.exists():
-        return []
-    text = _read_text(path)
-    lines = text.split("\n")
-    rows: list[dict[str, Any]] = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            is_tail = i == len(lines) and not text.endswith("\n")
-            if allow_partial_tail and is_tail:
-                break
-            raise ReportError(f"{path}: line {i} is not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ReportError(f"{path}: line {i} must be a JSON object, got {type(row).__name__}")
-        rows.append(row)
-    return rows
+def _read_rows(path: Path, torn_tail: bool) -> list[dict[str, Any]]:
+    """rhlab.utils.read_jsonl, its errors as ReportError."""
+    try:
+        return read_jsonl(path, torn_tail=torn_tail)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"{path}: cannot read ({e})") from None
+    except ValueError as e:  # names the file and line
+        raise ReportError(str(e)) from None
 
 
 def last_step_samples(run: Run, k: int = 3) -> tuple[int | None, list[dict[str, Any]]]:
-    """The first ``k`` samples logged at the run's last sample step (streamed,
-    so large samples.jsonl files are not held in memory)."""
+    """The first ``k`` samples logged at the run's last sample step."""
     path = run.path / "samples.jsonl"
     if not path.exists():
         return None, []
     best_step: int | None = None
     picked: list[dict[str, Any]] = []
-    for row in read_jsonl(path, allow_partial_tail=not run.complete):
+    for row in _read_rows(path, torn_tail=not run.complete):
         step = int(row["step"]) if _is_number(row.get("step")) else -1
         if best_step is None or step > best_step:
             best_step, picked = step, []

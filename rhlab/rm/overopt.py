@@ -67,7 +67,7 @@ def load_run_points(run_dir: str | Path, source: str = "train", kl_unit: str = "
     source="eval":  eval/step_*.json (held-out prompts; includes step 0, the initial policy)."""
     run_dir = Path(run_dir)
     if source == "train":
-        rows = read_jsonl(run_dir / "metrics.jsonl")
+        rows = read_jsonl(run_dir / "metrics.jsonl", torn_tail=True)  # the run may still be going
         where = run_dir / "metrics.jsonl"
     elif source == "eval":
         files = sorted((run_dir / "eval").glob("step_*.json"))
@@ -187,7 +187,7 @@ def run_curve_stats(run_dir: str | Path, window: int = 5) -> dict:
     The peak is the maximum of the ``window``-step rolling mean (a single batch is noisy);
     "peak − end" > 0 means the gold fell after its peak while the run went on."""
     p = load_run_points(run_dir, "train")
-    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    rows = read_jsonl(Path(run_dir) / "metrics.jsonl", torn_tail=True)
     w = max(1, min(window, len(p["gold"])))
     roll = np.convolve(p["gold"], np.ones(w) / w, mode="valid")
     i = int(np.argmax(roll))
