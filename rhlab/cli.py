@@ -401,18 +401,13 @@ def overopt(run_dirs: List[Path] = typer.Argument(..., help="policy runs against
 
 
 def _pairs(items: List[str], what: str) -> dict:
-    import yaml
+    """--grid / --fixed key.path=value items (the run config's override syntax) -> {key.path: value}."""
+    from rhlab.config import ConfigError, parse_override
 
-    out = {}
-    for item in items:
-        if "=" not in item:
-            _fail(f"--{what} {item!r} must look like key.path=value")
-        k, v = item.split("=", 1)
-        try:
-            out[k] = yaml.safe_load(v)
-        except yaml.YAMLError as e:
-            _fail(f"--{what} {item!r}: the value is not valid YAML ({_one_line(e)})")
-    return out
+    try:
+        return {".".join(path): value for path, value in map(parse_override, items)}
+    except ConfigError as e:
+        _fail(f"--{what}: {e}")
 
 
 @app.command()
