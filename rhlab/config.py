@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args, get_origin
+from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import (
@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from rhlab.models.sampling import SamplingSpec
+from rhlab.utils import format_validation_error
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -226,38 +227,6 @@ class RunConfig(Section):
 
 
 # ---- loading & overrides ---------------------------------------------------------------
-def _allowed_at(model: type[BaseModel], loc: tuple) -> list[str]:
-    for key in loc[:-1]:
-        if isinstance(key, int):  # an index into a list of sections
-            continue
-        ann = getattr(model.model_fields.get(key), "annotation", None)
-        if get_origin(ann) is list:
-            ann = get_args(ann)[0]
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return []
-        model = ann
-    return sorted(model.model_fields)
-
-
-def format_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None,
-                            prefix: str = "") -> str:
-    """One line: `invalid config (SOURCE): key: message; key: message`, each key as a dotted path."""
-    parts = []
-    for e in err.errors():
-        key = prefix + (".".join(str(p) for p in e["loc"]) or "<root>")
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden" and model is not None:
-            msg = f"unknown key; allowed: {', '.join(_allowed_at(model, e['loc']))}"
-        elif "input" in e and e["type"] != "missing" and not isinstance(e["input"], dict):
-            msg += f" (got {e['input']!r})"
-        parts.append(f"{key}: {msg}")
-    return f"invalid config ({source}): " + "; ".join(parts)
-
-
-def _format(err: ValidationError, source: str) -> str:
-    return format_validation_error(err, source, RunConfig)
-
-
 def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key.path=value")
@@ -373,7 +342,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format(e, source)) from None
+        raise ConfigError(f"invalid config ({source}): {format_validation_error(e, RunConfig)}") from None
     try:
         check_params(cfg)
     except ValueError as e:

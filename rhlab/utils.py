@@ -7,6 +7,9 @@ import os
 import random
 import tempfile
 from pathlib import Path
+from typing import get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
 
 # Read once at import (os.umask can only be read by setting it, which is not thread-safe).
 UMASK = os.umask(0)
@@ -73,6 +76,41 @@ def truncate_jsonl(path: str | Path, max_step: int) -> None:
     """Keep rows with step <= max_step (and drop a torn last row): a resumed run recomputes the rest exactly once."""
     rows = [r for r in read_jsonl(path, torn_tail=True) if r["step"] <= max_step]
     atomic_write_text(path, "".join(json.dumps(r, default=float) + "\n" for r in rows))
+
+
+def format_validation_error(err: ValidationError, model: type[BaseModel] | None = None, prefix: str = "",
+                            what: str = "") -> str:
+    """A pydantic error as one line, `key: message; key: message`: each key the dotted path under `prefix`;
+    an unknown key names the allowed ones (those of `model` at that path), a bad value shows what was
+    given. `what` names the component whose params these are (e.g. "reward 'happy_count'")."""
+    parts = []
+    for e in err.errors():
+        key = ".".join([prefix] * bool(prefix) + [str(p) for p in e["loc"]]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            allowed = ", ".join(_allowed_at(model, e["loc"])) if model is not None else ""
+            msg = f"unknown key{f' for {what}' if what else ''}; allowed: {allowed or 'none'}"
+        elif e["type"] == "missing":
+            msg = f"required by {what}" if what else e["msg"]
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            if "input" in e and not isinstance(e["input"], dict):
+                msg += f" (got {e['input']!r})"
+        parts.append(f"{key}: {msg}")
+    return "; ".join(parts)
+
+
+def _allowed_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys of the (sub)model that holds the last key of loc."""
+    for key in loc[:-1]:
+        if isinstance(key, int):  # an index into a list of sections
+            continue
+        ann = getattr(model.model_fields.get(key), "annotation", None)
+        if get_origin(ann) is list:
+            ann = get_args(ann)[0]
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return sorted(model.model_fields)
 
 
 def seed_everything(seed: int) -> None:

@@ -106,8 +106,10 @@ def test_env_fails_loudly(rm_dir, tmp_path):
     out, _ = rm_dir
     with pytest.raises(ValueError, match="env.params.rm_dir is required"):
         build_env(EnvConfig(name="preference"))
-    with pytest.raises(ValueError, match="rm_dri: unknown key; allowed: .*rm_dir"):
+    with pytest.raises(ValueError, match="env.params.rm_dri: unknown key for env 'preference'; allowed: .*rm_dir"):
         build_env(EnvConfig(name="preference", params={"rm_dir": str(out), "rm_dri": 1}))
+    with pytest.raises(ValueError, match="env.params.gold.fluency: unknown key for the gold reward; allowed: .*fluency_weight"):
+        build_env(EnvConfig(name="preference", params={"rm_dir": str(out), "gold": {"fluency": 1}}))
     with pytest.raises(FileNotFoundError, match="env.params.rm_dir"):
         build_env(EnvConfig(name="preference", params={"rm_dir": str(tmp_path / "none")}))
     with pytest.raises(ValueError, match="env.rewards"):

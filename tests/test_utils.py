@@ -1,8 +1,9 @@
-"""rhlab.utils.read_jsonl: one reader, two rules for the last line (torn_tail), used by the trainer and the report."""
+"""rhlab.utils: the one JSONL reader (two rules for the last line: torn_tail) and the one pydantic error formatter."""
 
 import pytest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rhlab.utils import append_jsonl, read_jsonl, truncate_jsonl
+from rhlab.utils import append_jsonl, format_validation_error, read_jsonl, truncate_jsonl
 
 ROWS = [{"step": 1, "r": 0.5}, {"step": 2, "r": 1.0}]
 
@@ -44,3 +45,36 @@ def test_truncate_for_a_resume_drops_later_rows_and_a_torn_tail(tmp_path):
     path = _write(tmp_path, '{"step": 3}\n{"step": 4, "r": 1')  # killed while writing step 4
     truncate_jsonl(path, 2)
     assert path.read_text().endswith("\n") and read_jsonl(path) == ROWS
+
+
+class _Inner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    k: int = 1
+    j: str = "a"
+
+
+class _Outer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n: int = Field(gt=0)
+    inner: _Inner = _Inner()
+    items: list[_Inner] = []
+
+
+def _error(data) -> ValidationError:
+    with pytest.raises(ValidationError) as e:
+        _Outer.model_validate(data)
+    return e.value
+
+
+def test_one_formatter_names_each_key_on_one_line():
+    err = _error({"n": 0, "inner": {"x": 1}, "items": [{"k": "many"}]})
+    assert format_validation_error(err, _Outer) == (
+        "n: Input should be greater than 0 (got 0); inner.x: unknown key; allowed: j, k; "
+        "items.0.k: Input should be a valid integer, unable to parse string as an integer (got 'many')")
+    # params of a registered component: under a prefix, naming the component
+    err = _error({"inner": {}, "typo": 1})
+    assert format_validation_error(err, _Outer, "intervention.params", "intervention 'x'") == (
+        "intervention.params.n: required by intervention 'x'; "
+        "intervention.params.typo: unknown key for intervention 'x'; allowed: inner, items, n")
+    assert format_validation_error(_error({}), _Outer) == "n: Field required"
+    assert format_validation_error(_error([1]), _Outer).startswith("<root>: Input should be a valid dictionary")

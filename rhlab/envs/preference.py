@@ -30,13 +30,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from rhlab.envs.base import Scores, register_env
 from rhlab.envs.stories import StoryPrompts
 from rhlab.eval.diversity import repetition_rate, words
 from rhlab.models.loading import encode_prompts, load_model
 from rhlab.models.sampler import left_pad
+from rhlab.rewards.registry import validate_params
 from rhlab.rm.model import RewardModel, read_rm_config
 from rhlab.rm.pairs import read_pairs
 
@@ -142,17 +143,7 @@ def _parse_params(params: dict) -> PreferenceParams:
     if "rm_dir" not in params:
         raise ValueError("env.params.rm_dir is required for the preference env: the directory of a reward "
                          "model trained with `rhlab train-rm` (e.g. configs/rm_happy.yaml)")
-    try:
-        return PreferenceParams.model_validate(params)
-    except ValidationError as e:
-        lines = ["env.params (preference):"]
-        for err in e.errors():
-            key = ".".join(str(p) for p in err["loc"])
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown key; allowed: {', '.join(sorted(PreferenceParams.model_fields))}"
-            lines.append(f"  {key}: {msg}")
-        raise ValueError("\n".join(lines)) from None
+    return validate_params(PreferenceParams, params, "env.params", "env 'preference'")
 
 
 def hack_flags(proxy: list[float], gold: list[float], proxy_hi: float, gold_lo: float) -> list[bool]:
@@ -180,10 +171,7 @@ class PreferenceEnv(StoryPrompts):
         if rm_gold is None:
             raise ValueError(f"env.params.rm_dir: {rm_dir}/rm_config.json names no gold reward; "
                              "train the reward model with `rhlab train-rm`")
-        try:
-            self.gold_cfg = GoldConfig.model_validate({**rm_gold, **p.gold})
-        except ValidationError as e:
-            raise ValueError(f"env.params.gold: {e}") from None
+        self.gold_cfg = validate_params(GoldConfig, {**rm_gold, **p.gold}, "env.params.gold", "the gold reward")
         self.gold = GoldReward(self.gold_cfg)
 
         # thresholds from the initial policy's completions the RM was trained on

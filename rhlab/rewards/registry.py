@@ -17,6 +17,8 @@ from typing import Any, Callable, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from rhlab.utils import format_validation_error
+
 RewardFn = Callable[[list[str], list[str]], list[float]]
 DetectorFn = Callable[[list[str], list[str]], list[bool]]
 
@@ -94,19 +96,13 @@ def params_model(factory: Callable) -> type[BaseModel]:
                         arbitrary_types_allowed=True), **fields)
 
 
-def validate_params(model: type[BaseModel], params: dict, where: str, what: str) -> None:
-    """One-line ValueError for the first bad key: unknown (naming the allowed ones), missing or mistyped."""
+def validate_params(model: type[BaseModel], params: dict, where: str, what: str) -> BaseModel:
+    """params as `model`; a one-line ValueError naming each bad key under `where` (unknown: with the allowed
+    ones; missing; mistyped: with what was given) and `what` they are for."""
     try:
-        model.model_validate(params)
+        return model.model_validate(params)
     except ValidationError as err:
-        e = err.errors()[0]
-        key = ".".join(str(p) for p in e["loc"])
-        allowed = ", ".join(sorted(model.model_fields)) or "none"
-        if e["type"] == "extra_forbidden":
-            raise ValueError(f"{where}.{key}: unknown key for {what}; allowed: {allowed}") from None
-        if e["type"] == "missing":
-            raise ValueError(f"{where}.{key}: required by {what}") from None
-        raise ValueError(f"{where}.{key}: {e['msg']} (got {e['input']!r})") from None
+        raise ValueError(format_validation_error(err, model, where, what)) from None
 
 
 REWARDS = Registry("reward")

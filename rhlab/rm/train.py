@@ -32,7 +32,7 @@ from rhlab.models.loading import load_model
 from rhlab.models.sampling import SamplingSpec
 from rhlab.rm.model import RewardModel
 from rhlab.rm.pairs import Pair, label_pairs, read_pairs, sample_completion_pairs, write_pairs
-from rhlab.utils import atomic_write_text, seed_everything, write_json
+from rhlab.utils import atomic_write_text, format_validation_error, seed_everything, write_json
 
 
 class RMConfig(BaseModel):
@@ -70,17 +70,8 @@ def load_rm_config(path: str | Path | None, overrides: list[str] = ()) -> RMConf
     try:
         return RMConfig.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            key = ".".join(str(p) for p in err["loc"])
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                section = GoldConfig if len(err["loc"]) > 1 and err["loc"][0] == "gold" else RMConfig
-                msg = f"unknown key; allowed: {', '.join(sorted(section.model_fields))}"
-            elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
-                msg += f" (got {err['input']!r})"
-            lines.append(f"{key}: {msg}")
-        raise ConfigError(f"invalid reward-model config ({path or 'defaults'}): " + "; ".join(lines)) from None
+        raise ConfigError(f"invalid reward-model config ({path or 'defaults'}): "
+                          f"{format_validation_error(e, RMConfig)}") from None
 
 
 # ---- loss & evaluation ---------------------------------------------------------------------

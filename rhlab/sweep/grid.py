@@ -37,12 +37,12 @@ from rhlab.config import (
     PATH_KEYS,
     ConfigError,
     RunConfig,
-    format_validation_error,
     load_config,
     load_yaml_file,
     resolve_paths,
     run_name,
 )
+from rhlab.utils import format_validation_error
 
 
 class ReportSpec(BaseModel):
@@ -93,7 +93,7 @@ def load_sweep(path: str | Path, extra_grid: dict[str, list] | None = None,
     try:
         spec = SweepSpec.model_validate(load_yaml_file(path, "sweep file") or {})
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, f"sweep {path}", SweepSpec)) from None
+        raise ConfigError(f"invalid config (sweep {path}): {format_validation_error(e, SweepSpec)}") from None
     _resolve_sweep_paths(spec, path.parent)
     spec.grid.update(extra_grid or {})
     spec.fixed.update(extra_fixed or {})
