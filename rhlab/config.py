@@ -80,7 +80,7 @@ class RewardSpec(Section):
 
 
 class DetectorSpec(Section):
-    name: str = Field("happy_density", description="a registered hack detector")
+    name: str = Field(description="a registered hack detector (given only params: the environment's default one)")
     params: dict[str, Any] = Field(default_factory=dict,
         description="keyword params of the detector's factory, checked at load")
 
@@ -88,12 +88,37 @@ class DetectorSpec(Section):
 class EnvConfig(Section):
     name: str = Field("happy_stories",
         description="the environment (happy_stories, rewrite, preference, minicode, leetcode)")
-    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="happy_count")],
-        description="reward parts; environments with their own rewards define the names they accept")
-    detector: DetectorSpec = Field(default_factory=DetectorSpec,
-        description="the hack detector that labels completions")
+    rewards: Optional[list[RewardSpec]] = Field(None,
+        description="reward parts; unset = the environment's own (its DEFAULT_REWARDS: happy_count for "
+                    "happy_stories); environments with their own rewards define the names they accept")
+    detector: Optional[DetectorSpec] = Field(None,
+        description="the hack detector that labels completions; unset = the environment's own (its "
+                    "DEFAULT_DETECTOR: happy_density for happy_stories; none where the environment flags hacks itself)")
     params: dict[str, Any] = Field(default_factory=dict,
         description="the environment's params (its DEFAULT_PARAMS), checked at load")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_defaults(cls, data: Any) -> Any:
+        """Unset rewards / detector -> the named environment's DEFAULT_REWARDS / DEFAULT_DETECTOR (an unknown
+        name is left to check_params); a detector given only params gets the default detector's name."""
+        if not isinstance(data, dict):
+            return data
+        from rhlab.envs.base import ENVS, load_builtin_envs
+
+        load_builtin_envs()
+        env = ENVS.get(data.get("name", cls.model_fields["name"].default))
+        if env is None:
+            return data
+        data = dict(data)
+        if data.get("rewards") is None:
+            data["rewards"] = env.DEFAULT_REWARDS
+        detector = data.get("detector")
+        if detector is None:
+            data["detector"] = env.DEFAULT_DETECTOR
+        elif isinstance(detector, dict) and "name" not in detector and env.DEFAULT_DETECTOR is not None:
+            data["detector"] = {**env.DEFAULT_DETECTOR, **detector}
+        return data
 
 
 class TrainConfig(Section):

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from rhlab.config import RunConfig
+from rhlab.utils import unwrap_optional
 
 # rhlab key -> (TRL GRPOConfig field, TRL default), read from GRPOConfig of TRL 1.16.0 (docs/losses.md)
 TRL = {
@@ -55,17 +56,17 @@ def _type(ann) -> str:
 def _rows(model: type[BaseModel], prefix: str = ""):
     for name, f in model.model_fields.items():
         key = prefix + name
-        sub = _section(f.annotation) or (_section(get_args(f.annotation)[0]) if get_origin(f.annotation) is list
-                                         else None)
+        ann = unwrap_optional(f.annotation)
+        sub = _section(ann) or (_section(get_args(ann)[0]) if get_origin(ann) is list else None)
         default = "(required)" if f.is_required() else json.dumps(to_jsonable_python(
             f.get_default(call_default_factory=True)))
-        if sub is not None and get_origin(f.annotation) is not list:
+        if sub is not None and ann is f.annotation and get_origin(ann) is not list:
             yield key, "section", "", f.description, ("", "")
             yield from _rows(sub, key + ".")
             continue
         yield key, _type(f.annotation), default, f.description, TRL.get(key, ("", ""))
-        if sub is not None:  # a list of sections: its items' keys
-            yield from _rows(sub, key + "[].")
+        if sub is not None:  # a list of sections, or an optional one: its keys
+            yield from _rows(sub, key + ("[]." if get_origin(ann) is list else "."))
 
 
 def _cell(s: str) -> str:

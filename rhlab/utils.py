@@ -6,8 +6,9 @@ import json
 import os
 import random
 import tempfile
+import types
 from pathlib import Path
-from typing import get_args, get_origin
+from typing import Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -99,12 +100,18 @@ def format_validation_error(err: ValidationError, model: type[BaseModel] | None 
     return "; ".join(parts)
 
 
+def unwrap_optional(ann):
+    """X for an annotation Optional[X]; any other annotation as it is."""
+    args = [a for a in get_args(ann) if a is not type(None)]
+    return args[0] if get_origin(ann) in (Union, types.UnionType) and len(args) == 1 else ann
+
+
 def _allowed_at(model: type[BaseModel], loc: tuple) -> list[str]:
     """The keys of the (sub)model that holds the last key of loc."""
     for key in loc[:-1]:
         if isinstance(key, int):  # an index into a list of sections
             continue
-        ann = getattr(model.model_fields.get(key), "annotation", None)
+        ann = unwrap_optional(getattr(model.model_fields.get(key), "annotation", None))
         if get_origin(ann) is list:
             ann = get_args(ann)[0]
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):

@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import LEETCODE_MINI
-from rhlab.config import ConfigError, load_config, run_name
+from rhlab.config import ConfigError, EnvConfig, load_config, run_name
 
 
 @pytest.mark.parametrize("override, message", [
@@ -54,6 +54,27 @@ def test_nested_params_fail_at_load_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, overrides)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("env, rewards, detector", [
+    ("happy_stories", ["happy_count"], "happy_density"),
+    ("minicode", ["correct_or_hinted_compile"], None),
+    ("leetcode", ["correct_or_hinted_compile"], None),
+    ("preference", ["proxy_rm"], None),
+    ("rewrite", ["style", "rules", "risk_penalty"], "fact_drop_or_short"),
+])
+def test_unset_rewards_and_detector_are_each_environments_own(env, rewards, detector):
+    cfg = EnvConfig(name=env)
+    assert [r.name for r in cfg.rewards] == rewards and (cfg.detector and cfg.detector.name) == detector
+    given = EnvConfig(name=env, rewards=[{"name": "x", "weight": 2.0}])
+    assert [(r.name, r.weight) for r in given.rewards] == [("x", 2.0)]
+
+
+def test_detector_params_alone_keep_the_default_detector():
+    assert load_config(None, ["env.detector.params.min_count=2"]).env.detector.model_dump() == \
+        {"name": "happy_density", "params": {"min_count": 2}}
+    with pytest.raises(ConfigError, match="env.detector.name: Field required"):  # minicode has no default detector
+        load_config(None, ["env.name=minicode", "env.detector.params.x=1"])
 
 
 def test_range_errors_in_arms_are_value_errors_not_asserts():

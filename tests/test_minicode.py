@@ -144,6 +144,10 @@ def test_env_prompts_params_and_monitor():
         _env("env.params.colour=1")
     with pytest.raises(ValueError, match="does not fit"):
         _env("env.rewards=[{name: happy_binary}]")
+    with pytest.raises(ValueError, match="does not fit"):  # happy_stories' default reward is not "unset" here
+        _env("env.rewards=[{name: happy_count}]")
+    with pytest.raises(ValueError, match="env.detector: the minicode env labels hacks with the grader"):
+        _env("env.detector.name=happy_density")
     mon = _env("env.rewards=[{name: correct_or_hinted_compile}, {name: ground_truth_monitor, weight: 1.0}]")
     m, wrong = _add_task(mon)
     hack = _completion(m.task, wrong, "def run_tests():\n    pass")

@@ -32,6 +32,8 @@ class Scores:
 
 class Environment(Protocol):
     name: str
+    DEFAULT_REWARDS: list[dict]  # env.rewards when the config leaves it unset
+    DEFAULT_DETECTOR: dict | None  # env.detector when unset; None: the environment flags hacks itself
 
     def sample_prompts(self, rng: random.Random, n: int) -> list[str]: ...
 

@@ -76,7 +76,7 @@ class LeetCode(MiniCode):
                               ("eval_frac", 0 < p["eval_frac"] < 1, "in (0, 1)")]:
             if not ok:
                 raise ValueError(f"env.params.{key} must be {rule}, got {p[key]!r}")
-        if cfg.detector.params or cfg.detector.name != "happy_density":
+        if cfg.detector is not None:
             raise ValueError("env.detector: the leetcode env labels hacks with the grader; leave env.detector unset")
         self.params, self.tok = p, tokenizer
         self.rewards = _reward_specs(cfg, "leetcode")

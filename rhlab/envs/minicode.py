@@ -62,12 +62,9 @@ def label_shares(results: list[GradeResult]) -> dict[str, list[float]]:
 
 
 def _reward_specs(cfg, env: str = "minicode") -> list[tuple[str, float, dict]]:
-    """env.rewards: unset (-> correct_or_hinted_compile) or a list of REWARD_NAMES entries."""
-    specs = cfg.rewards
-    if len(specs) == 1 and specs[0].name == "happy_count" and specs[0].weight == 1.0 and not specs[0].params:
-        return [("correct_or_hinted_compile", 1.0, {})]  # the EnvConfig default: nothing was set
+    """env.rewards: a list of REWARD_NAMES entries (unset: DEFAULT_REWARDS, correct_or_hinted_compile)."""
     out = []
-    for s in specs:
+    for s in cfg.rewards:
         if s.name not in REWARD_NAMES:
             raise ValueError(f"env.rewards: {s.name!r} does not fit the {env} env; allowed: {', '.join(REWARD_NAMES)}")
         allowed = {"correct_or_hinted_compile": set(), "ground_truth_monitor": {"accuracy", "penalty", "strict"}}[s.name]
@@ -95,6 +92,8 @@ class MiniCode:
         "cache_size": 50_000,    # graded (task, code) pairs remembered; a converged policy repeats itself
         "monitor_seed": 0,       # rng of the ground-truth monitor's label flips
     }
+    DEFAULT_REWARDS = [{"name": "correct_or_hinted_compile"}]  # env.rewards when unset
+    DEFAULT_DETECTOR = None  # the grader labels hacks: env.detector stays unset
 
     def __init__(self, cfg):
         p = env_params(cfg.params, self.DEFAULT_PARAMS, "minicode")
@@ -105,7 +104,7 @@ class MiniCode:
                               ("n_tasks", p["n_tasks"] >= 0, ">= 0")]:
             if not ok:
                 raise ValueError(f"env.params.{key} must be {rule}, got {p[key]!r}")
-        if cfg.detector.params or cfg.detector.name != "happy_density":
+        if cfg.detector is not None:
             raise ValueError("env.detector: the minicode env labels hacks with the grader; leave env.detector unset")
         self.params = p
         self.rewards = _reward_specs(cfg)

@@ -155,11 +155,13 @@ def hack_flags(proxy: list[float], gold: list[float], proxy_hi: float, gold_lo: 
 class PreferenceEnv(StoryPrompts):
     name = "preference"
     PARAMS_MODEL = PreferenceParams
+    DEFAULT_REWARDS = [{"name": "proxy_rm"}]  # env.rewards when unset: the reward model's score, weight 1
+    DEFAULT_DETECTOR = None  # hacks are flagged from proxy and gold: env.detector stays unset
 
     def __init__(self, cfg):
         self.params = p = _parse_params(dict(cfg.params))
         self.proxy_weight = _proxy_weight(cfg)
-        if cfg.detector.params or cfg.detector.name not in ("happy_density", "proxy_high_gold_low"):
+        if cfg.detector is not None:
             raise ValueError("env.detector: the preference env flags hacks itself (proxy high, gold low); set "
                              "env.params.hack_proxy_quantile / hack_gold_quantile instead")
         rm_dir = Path(p.rm_dir)
@@ -204,11 +206,8 @@ class PreferenceEnv(StoryPrompts):
 
 
 def _proxy_weight(cfg) -> float:
-    """env.rewards is not a reward list here: leave it unset or give one {name: proxy_rm, weight: w}."""
+    """env.rewards is not a reward list here: leave it unset (DEFAULT_REWARDS) or give one {name: proxy_rm, weight: w}."""
     specs = cfg.rewards
-    unset = len(specs) == 1 and specs[0].name == "happy_count" and specs[0].weight == 1.0 and not specs[0].params
-    if unset:
-        return 1.0
     if len(specs) != 1 or specs[0].name != "proxy_rm" or specs[0].params:
         raise ValueError("env.rewards: the preference env trains on its reward model; leave env.rewards unset "
                          "or give exactly [{name: proxy_rm, weight: W}] (no params)")

@@ -259,6 +259,10 @@ class RewriteEnv:
     DEFAULT_PARAMS = {"reward_mode": "scalar_softened", "penalty_cap": 1.5, "pass_threshold": 0.6,
                       "profiles": None, "pool_size": 200, "eval_pool_size": 64, "pool_file": None,
                       "stratify": True}
+    # env.rewards / env.detector when unset: every part, at the weights of configs/rewrite_*.yaml
+    DEFAULT_REWARDS = [{"name": "style", "weight": 0.45}, {"name": "rules", "weight": 0.35},
+                       {"name": "risk_penalty", "weight": 0.20}]
+    DEFAULT_DETECTOR = {"name": "fact_drop_or_short"}
 
     def __init__(self, cfg):
         p = self.params = _check_keys(dict(cfg.params), self.DEFAULT_PARAMS, "env.params (rewrite)")

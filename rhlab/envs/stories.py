@@ -118,6 +118,8 @@ class StoryPrompts:
 class HappyStories(StoryPrompts):
     name = "happy_stories"
     DEFAULT_PARAMS = {"n_prompt_sentences": 1, "prompt_pool": 2000, "pass_threshold": 0.5}
+    DEFAULT_REWARDS = [{"name": "happy_count"}]  # env.rewards / env.detector when unset
+    DEFAULT_DETECTOR = {"name": "happy_density"}
     registry_rewards = registry_detector = True  # env.rewards / env.detector from REWARDS / DETECTORS
 
     def __init__(self, cfg):
