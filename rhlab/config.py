@@ -380,7 +380,7 @@ def check_params(cfg: RunConfig) -> None:
     """The nested params (env, rewards, detector, intervention) against what each registered
     component declares, before any model loads; ValueError naming the key."""
     from rhlab.envs.base import check_env_params
-    from rhlab.interventions.base import INTERVENTIONS, load_interventions
+    from rhlab.interventions.base import INTERVENTIONS, NESTED_CHECKS, load_interventions
     from rhlab.rewards.registry import DETECTORS, REWARDS
 
     env = check_env_params(cfg.env.name, cfg.env.params)
@@ -391,6 +391,8 @@ def check_params(cfg: RunConfig) -> None:
         DETECTORS.check(cfg.env.detector.name, cfg.env.detector.params, "env.detector")
     load_interventions()
     INTERVENTIONS.check(cfg.intervention.name, cfg.intervention.params, "intervention")
+    if cfg.intervention.name in NESTED_CHECKS:
+        NESTED_CHECKS[cfg.intervention.name](cfg.intervention.params)
 
 
 # ---- run names -------------------------------------------------------------------------

@@ -48,6 +48,20 @@ def test_missing_file_and_bad_override_syntax(tmp_path):
     (["intervention.name=screening", "intervention.params.accuracy=high"],
      "intervention.params.accuracy: Input should be a valid number"),
     (["intervention.name=nope"], "intervention.name: unknown intervention 'nope'; allowed:"),
+    # a detector named inside an arm's params: checked against the DETECTORS registry too
+    (["intervention.name=monitor_penalty", "intervention.params.detector={name: nope}"],
+     "intervention.params.detector.name: unknown hack detector 'nope'; allowed:"),
+    (["intervention.name=screening", "intervention.params.detector={name: happy_density, params: {min_cout: 1}}"],
+     "intervention.params.detector.params.min_cout: unknown key for hack detector 'happy_density'; allowed: min_count"),
+    (["intervention.name=screening", "intervention.params.detector={params: {min_count: 1}}"],
+     "intervention.params.detector.name: required by a detector ({name, params})"),
+    (["intervention.name=routing", "intervention.params.detector=nope"],
+     "intervention.params.detector: unknown hack detector 'nope'; allowed:"),
+    (["intervention.name=routing", "intervention.params.detector=happy_density",
+      "intervention.params.detector_params={min_count: many}"],
+     "intervention.params.detector_params.min_count: Input should be a valid integer"),
+    (["intervention.name=routing", "intervention.params.detector_params={min_count: 1}"],
+     "intervention.params.detector_params: routing detector 'env' (the environment's hack flag) takes none"),
 ])
 def test_nested_params_fail_at_load_in_one_line(overrides, message):
     """env, reward, detector and intervention params are checked against their declared params at load."""

@@ -15,9 +15,11 @@ load_state_dict.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable
+from typing import Any, Callable
 
-from rhlab.rewards.registry import Registry
+from pydantic import BaseModel, ConfigDict, Field
+
+from rhlab.rewards.registry import DETECTORS, Registry, params_model, validate_params
 
 
 class Intervention:
@@ -60,6 +62,33 @@ class Intervention:
 
 
 INTERVENTIONS = Registry("intervention")
+# intervention name -> a check of the params that name another registered component (a hack detector and
+# its params), which the params model of its factory cannot see into; run at config load (config.check_params)
+NESTED_CHECKS: dict[str, Callable[[dict], None]] = {}
+
+
+class DetectorRef(BaseModel):
+    """A hack detector named inside an intervention's params."""
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+def check_detector(name: str, params: dict, name_key: str, params_key: str) -> None:
+    """A registered hack detector, and params its factory accepts; a one-line ValueError naming name_key or
+    the bad key under params_key."""
+    try:
+        factory, params = DETECTORS.resolve(name, params)
+    except ValueError as e:
+        raise ValueError(f"{name_key}: {e}") from None
+    validate_params(params_model(factory), params, params_key, f"hack detector {name!r}")
+
+
+def check_detector_ref(spec: Any, key: str) -> DetectorRef:
+    """`key: {name, params}` naming a registered hack detector and its params (see check_detector)."""
+    ref = validate_params(DetectorRef, spec, key, "a detector ({name, params})")
+    check_detector(ref.name, ref.params, f"{key}.name", f"{key}.params")
+    return ref
 
 
 @INTERVENTIONS.register("vanilla")

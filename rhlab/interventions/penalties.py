@@ -30,7 +30,7 @@ from rhlab.direction import (
     pair_activation_means,
     unit,
 )
-from rhlab.interventions.base import INTERVENTIONS
+from rhlab.interventions.base import INTERVENTIONS, NESTED_CHECKS, check_detector_ref
 from rhlab.interventions.projection import SVDArm
 from rhlab.pairs import load_pairs
 from rhlab.rewards.registry import DETECTORS
@@ -103,7 +103,10 @@ class Monitor:
         if not 0 <= accuracy <= 1:
             raise ValueError(f"intervention.params.accuracy must be in [0, 1], got {accuracy}")
         self.accuracy = accuracy
-        self.detector = DETECTORS.build(detector["name"], detector.get("params", {})) if detector else None
+        self.detector = None
+        if detector is not None:
+            ref = check_detector_ref(detector, "intervention.params.detector")
+            self.detector = DETECTORS.build(ref.name, ref.params)
 
     def flags(self, trainer, batch) -> torch.Tensor:
         truth = batch.scores.hack if self.detector is None else self.detector(batch.prompts, batch.completions)
@@ -177,6 +180,13 @@ class Screening(SVDArm):
         return self._m
 
 
+def _check_monitor_detector(params: dict) -> None:
+    """intervention.params.detector: unset (the env's hack flag) or {name, params} of a registered detector."""
+    if params.get("detector") is not None:
+        check_detector_ref(params["detector"], "intervention.params.detector")
+
+
 INTERVENTIONS.register("advantage_penalty")(AdvantagePenalty)
 INTERVENTIONS.register("monitor_penalty")(MonitorPenalty)
 INTERVENTIONS.register("screening")(Screening)
+NESTED_CHECKS["monitor_penalty"] = NESTED_CHECKS["screening"] = _check_monitor_detector

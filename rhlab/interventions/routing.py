@@ -28,7 +28,7 @@ import torch
 
 from rhlab.adapters import dual_lora
 from rhlab.config import ALL_LINEAR
-from rhlab.interventions.base import INTERVENTIONS, Intervention
+from rhlab.interventions.base import INTERVENTIONS, NESTED_CHECKS, Intervention, check_detector
 from rhlab.rewards.registry import DETECTORS
 
 MODES = ("none", "classic", "exclusive")
@@ -51,8 +51,7 @@ class Routing(Intervention):
             raise ValueError(f"routing recall={recall}, false_positive_rate={false_positive_rate} must lie in [0, 1]")
         if route not in ROUTE:
             raise ValueError(f"routing route {route!r}; allowed: {', '.join(ROUTE)}")
-        if detector == "env" and detector_params:
-            raise ValueError("routing detector 'env' (the environment's hack flag) takes no detector_params")
+        _check_detector(detector, detector_params)
         self.mode = mode
         self.ranks = dict(retain_rank=retain_rank, retain_alpha=retain_alpha,
                           forget_rank=forget_rank, forget_alpha=forget_alpha)
@@ -140,6 +139,18 @@ def _flag_stats(flags: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
             "routing/precision": tp / float(flags.sum()) if flags.any() else float("nan")}
 
 
+def _check_detector(detector: str, detector_params: dict | None) -> None:
+    """detector: env (the environment's hack flag, no detector_params) or a registered hack detector, with
+    detector_params its factory accepts."""
+    if detector == "env":
+        if detector_params:
+            raise ValueError("intervention.params.detector_params: routing detector 'env' (the environment's hack "
+                             "flag) takes none")
+        return
+    check_detector(detector, detector_params or {}, "intervention.params.detector",
+                   "intervention.params.detector_params")
+
+
 @INTERVENTIONS.register("routing")
 def routing(mode: str = "classic", retain_rank: int = 8, forget_rank: int = 8, retain_alpha: float = 16.0,
             forget_alpha: float = 16.0, target_modules: list[str] | None = None, layers: list[int] | None = None,
@@ -149,6 +160,9 @@ def routing(mode: str = "classic", retain_rank: int = 8, forget_rank: int = 8, r
     DETECTORS name; recall / false_positive_rate model an imperfect overseer."""
     return Routing(mode, retain_rank, forget_rank, retain_alpha, forget_alpha, target_modules or list(ALL_LINEAR),
                    layers, detector, detector_params or {}, recall, false_positive_rate, route, eval_modes)
+
+
+NESTED_CHECKS["routing"] = lambda p: _check_detector(p.get("detector", "env"), p.get("detector_params"))
 
 
 # ---- the routing table (python -m rhlab.interventions.routing RUNS...) -------------------------
