@@ -6,7 +6,7 @@ An experiment's artifacts live in ``results/<exp>/`` (kilobytes, no checkpoints)
 * ``hypotheses.yaml``: its preregistered hypotheses, when the sweep names them;
 * ``runs/<run>/``: ``config.yaml``, ``summary.json`` and ``metrics.jsonl`` of every complete planned
   run, the per-step metrics downsampled to every ``every``-th step (plus the first and the last) and
-  to scalar values. ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
+  to scalar values at 5 significant digits. ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
 
 Doc tables are blocks in README.md or docs/*.md::
 
@@ -43,7 +43,8 @@ BLOCK = re.compile(r"<!-- results (?P<spec>[^\n]*?) -->\n(?:(?P<body>.*?)\n)??<!
 def _downsample(metrics: Path, every: int) -> str:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     last = rows[-1]["step"] if rows else None
-    keep = [{k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    keep = [{k: v if isinstance(v, int) else float(f"{v:.5g}") for k, v in r.items()  # 5 significant digits
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
             for r in rows if r["step"] % every == 0 or r["step"] in (1, last)]
     return "".join(json.dumps(r) + "\n" for r in keep)
 
@@ -73,6 +74,10 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
         for name in ("config.yaml", "summary.json"):  # paths inside the repo are written relative to it
             (dest / name).write_text((run.run_dir / name).read_text().replace(root, ""))
         (dest / "metrics.jsonl").write_text(_downsample(run.run_dir / "metrics.jsonl", every))
+    if spec.report and "overopt" in spec.report.tables and len(missing) < len(planned):
+        from rhlab.rm.overopt import arm_fits
+
+        arm_fits([out / "runs"], plot=out / "overopt.png")  # drawn from the artifacts, as the doc table is
     return len(planned) - len(missing), missing
 
 
@@ -142,6 +147,31 @@ def hypotheses_block(path: Path) -> str:
                                rows), "", _seeds_line(runs, path) + "."])
 
 
+def overopt_block(path: Path, reference: str = "") -> str:
+    """Proxy vs gold per arm (rhlab.rm.overopt, training batches) and the goodness of the pooled fits."""
+    from rhlab.rm.overopt import POOR_R2, arm_fits, arm_overopt_table
+
+    runs = _runs(path)
+    fits = arm_fits([path / "runs"])
+    rows = []
+    for arm, f in fits.items():
+        g, pr = f["gold_fit"], f["proxy_fit"]
+        peak = f"{g['d_peak']:.1f}" if g["d_peak"] < float("inf") else "none"
+        poor = sum(r < POOR_R2 for r in f["seed_gold_r2"])
+        rows.append([arm, str(f["n_runs"]), str(f["n_points"]), f"{g['alpha']:.3f}", f"{g['beta']:.3f}",
+                     f"{g['r2']:.2f}", f"{g['rmse']:.3f}", f"{pr['r2']:.2f}", f"{peak} / {f['max_d']:.1f}",
+                     f"{poor} of {f['n_runs']}"])
+    poor_arms = [a for a, f in fits.items() if f["gold_fit"]["r2"] < POOR_R2]
+    verdict = (f"Gold fit poor (pooled R² < {POOR_R2}) for: {', '.join(poor_arms)}; read those arms off the "
+               "observed points, not the curve." if poor_arms else f"Every arm's pooled gold fit has R² ≥ {POOR_R2}.")
+    return "\n".join([arm_overopt_table([path / "runs"]), "",
+                      md_table(["arm", "runs", "points", "gold α", "gold β", "gold R²", "gold rmse", "proxy R²",
+                                "fitted gold peak d* / max d", f"seeds with gold R² < {POOR_R2}"], rows), "",
+                      verdict, "", _seeds_line(runs, path) + "; training-batch points every 5th step; fit "
+                      "y = y0 + α d − β d ln d pooled over an arm's seeds (plot: "
+                      f"`{path.relative_to(ROOT)}/overopt.png`)."])
+
+
 def demo_block(path: Path) -> str:
     from .demo import table
 
@@ -169,7 +199,8 @@ def text_block(path: Path) -> str:
 
 
 KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypotheses_block, "demo": demo_block,
-                                        "gpu_leetcode": gpu_leetcode_block, "text": text_block}
+                                        "gpu_leetcode": gpu_leetcode_block, "text": text_block,
+                                        "overopt": overopt_block}
 
 
 def render(spec: str) -> str:
