@@ -585,7 +585,7 @@ def extract_direction(config: Path = typer.Argument(..., help="run config with i
                       overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
                       out: Optional[Path] = typer.Option(None, help="v_hack file (default: the cached path training uses)")):
     """Extract v_hack from contrastive pairs (gradient side), validate it on held-out pairs, save it."""
-    from rhlab.direction import GATE_FRAC, DirectionError
+    from rhlab.interventions.direction import GATE_FRAC, DirectionError
     from rhlab.interventions.projection import extract_for_config
 
     try:

@@ -8,7 +8,7 @@ from torch import nn
 
 from rhlab.adapters.svd import SVDLinear, wrap_svd
 from rhlab.algos.advantages import grpo_advantages
-from rhlab.direction import (
+from rhlab.interventions.direction import (
     DirectionError,
     check_gate,
     encode_pair_text,
@@ -19,7 +19,7 @@ from rhlab.direction import (
 from rhlab.envs.stories import happy_density
 from rhlab.interventions.penalties import Monitor, screened_advantages, screened_rewards
 from rhlab.interventions.projection import Projection, project
-from rhlab.pairs import HAPPY_MODES, Pair, happy_mode, load_pairs, split_pairs
+from rhlab.interventions.pairs import HAPPY_MODES, Pair, happy_mode, load_pairs, split_pairs
 
 torch.set_num_threads(1)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from rhlab.adapters.svd import default_cache_dir, svd_modules, wrap_svd
-from rhlab.direction import (
+from rhlab.interventions.direction import (
     check_gate,
     default_direction_path,
     direction_settings,

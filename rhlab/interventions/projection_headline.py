@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from rhlab.pairs import HAPPY_MODES, happy_mode
+from rhlab.interventions.pairs import HAPPY_MODES, happy_mode
 from rhlab.report.runs import Run, load_runs
 from rhlab.report.tables import (
     arm_names,
