@@ -255,7 +255,7 @@ def eval_cmd(target: Path = typer.Argument(..., help="a run directory or one of 
     """Fresh samples from a trained policy: reward, task score, hack rate, diversity (or a gated suite)."""
     _at_least(prompts, 1, "--prompts")
     _at_least(samples, 0, "--samples")
-    from rhlab.evaluate import evaluate_checkpoint
+    from rhlab.eval.evaluate import evaluate_checkpoint
 
     if suite is not None:
         from rhlab.eval.suites import format_gate_table, run_suite_for_run, suite_passed

@@ -209,7 +209,7 @@ def test_detector_from_registry_and_logged_oversight(tmp_path):
 # ---- evaluation modes, checkpoints, resume -----------------------------------------------
 @pytest.mark.slow
 def test_eval_modes_in_eval_files_summary_and_rhlab_eval(tmp_path):
-    from rhlab.evaluate import evaluate_checkpoint
+    from rhlab.eval.evaluate import evaluate_checkpoint
 
     t = _trainer(tmp_path, "{}", "train.steps=2", "log.eval_every=1")
     summary = t.train()
