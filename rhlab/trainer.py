@@ -343,7 +343,7 @@ class Trainer:
             self.release()
 
     def _train(self) -> dict:
-        from rhlab.tracking import Progress, plot_run
+        from rhlab.tracking import Progress, Trackers, plot_run
 
         cfg, d = self.cfg, self.dir
         start = self._prepare_dir()
@@ -353,8 +353,6 @@ class Trainer:
         if start == 1:
             self._eval_and_save(0)
         t_run = time.time()
-        from rhlab.trackers import Trackers
-
         trackers = Trackers(cfg.log.report_to, d, self.name, cfg.dump())
         progress = Progress(cfg.train.steps, start - 1, enabled=cfg.log.progress)
         for step in range(start, cfg.train.steps + 1):
