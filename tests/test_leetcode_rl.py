@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import LEETCODE_MINI
+from rhlab.components import build_env
 from rhlab.config import load_config
-from rhlab.envs.base import build_env
 from rhlab.envs.code.grading import LABELS
 from rhlab.envs.code.leetcode import load_problems, make_prompt
 from rhlab.loophole import VARIANTS, loophole_sentence

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
+from rhlab.components import build_env
 from rhlab.config import load_config
-from rhlab.envs.base import build_env
 from rhlab.envs.code.grading import grade_batch
 from rhlab.envs.minicode import build_problems
 from rhlab.models.code_corpus import (TEMPLATES, CorpusMix, all_tasks, fenced, make_code_corpus, make_document,

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rhlab.config import ALL_LINEAR
+from rhlab.adapters import ALL_LINEAR
 from rhlab.utils import user_mode
 
 

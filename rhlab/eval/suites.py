@@ -28,8 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from rhlab.components import build_env
 from rhlab.config import EnvConfig, RunConfig, load_yaml_file
-from rhlab.envs.base import build_env
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 GATE_SIDES = ("delta", "post", "baseline")

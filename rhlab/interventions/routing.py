@@ -26,8 +26,7 @@ from contextlib import nullcontext
 
 import torch
 
-from rhlab.adapters import dual_lora
-from rhlab.config import ALL_LINEAR
+from rhlab.adapters import ALL_LINEAR, dual_lora
 from rhlab.interventions.base import INTERVENTIONS, Intervention
 from rhlab.rewards.registry import DETECTORS
 
