@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Optional, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -25,7 +25,10 @@ from pydantic import (
     model_validator,
 )
 
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from rhlab.adapters import ALL_LINEAR
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ConfigError(ValueError):
@@ -67,6 +70,26 @@ class ModelConfig(Section):
         if not _DEVICE.fullmatch(v):
             raise ValueError(f"unknown device {v!r}; allowed: {DEVICES}")
         return v
+
+
+def resolve_device(spec: str) -> torch.device:
+    """model.device -> a torch.device: auto = cuda when available, else cpu. Fails loudly when a
+    CUDA device is asked for and this machine (or this torch build) has none."""
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or (spec.startswith("cuda:") and spec[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"model.device={spec}: CUDA is not available here (torch {torch.__version__}, "
+                              "torch.cuda.is_available() is False); use model.device=cpu or auto")
+        index = int(spec[5:]) if ":" in spec else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"model.device={spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return torch.device("cuda", index)
+    raise ConfigError(f"model.device: unknown device {spec!r}; allowed: {DEVICES}")
 
 
 class RewardSpec(Section):
@@ -398,8 +421,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
 def check_params(cfg: RunConfig) -> None:
     """The nested params (env, rewards, detector, intervention) against what each registered
     component declares, before any model loads; ValueError naming the key."""
+    import rhlab.components  # noqa: F401  (registers every built-in env, reward, detector and intervention)
     from rhlab.envs.base import check_env_params
-    from rhlab.interventions.base import INTERVENTIONS, load_interventions
+    from rhlab.interventions.base import INTERVENTIONS
     from rhlab.rewards.registry import DETECTORS, REWARDS
 
     env = check_env_params(cfg.env.name, cfg.env.params)
@@ -408,7 +432,6 @@ def check_params(cfg: RunConfig) -> None:
             REWARDS.check(r.name, r.params, f"env.rewards[{i}]")
     if getattr(env, "registry_detector", False):
         DETECTORS.check(cfg.env.detector.name, cfg.env.detector.params, "env.detector")
-    load_interventions()
     INTERVENTIONS.check(cfg.intervention.name, cfg.intervention.params, "intervention")
 
 

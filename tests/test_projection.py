@@ -8,7 +8,7 @@ from torch import nn
 
 from rhlab.adapters.svd import SVDLinear, wrap_svd
 from rhlab.algos.advantages import grpo_advantages
-from rhlab.direction import (
+from rhlab.interventions.direction import (
     DirectionError,
     check_gate,
     encode_pair_text,
@@ -19,7 +19,7 @@ from rhlab.direction import (
 from rhlab.envs.stories import happy_density
 from rhlab.interventions.penalties import Monitor, screened_advantages, screened_rewards
 from rhlab.interventions.projection import Projection, project
-from rhlab.pairs import HAPPY_MODES, Pair, happy_mode, load_pairs, split_pairs
+from rhlab.interventions.pairs import HAPPY_MODES, Pair, happy_mode, load_pairs, split_pairs
 
 torch.set_num_threads(1)
 
@@ -233,7 +233,11 @@ def run_arm(tmp_path, name, params, steps=1):
 
 
 @pytest.mark.slow
-def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path):
+def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path, capsys):
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
+    from rhlab.report.projection_headline import headline, main
     from rhlab.utils import read_jsonl
 
     summary, _ = run_arm(tmp_path, "svd_projection", {"pair_params": {"n_per_mode": 2}, "heldout_frac": 0.5},
@@ -246,6 +250,14 @@ def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path):
     assert len(list((tmp_path / "cache" / "directions").glob("*.safetensors"))) == 1
     trained = read_jsonl(d / "metrics.jsonl")[-1]
     assert trained["grad_norm"] > 0
+    table = headline([d])  # the headline table, its `python -m` entry point and the registered report table agree
+    assert table.splitlines()[2].startswith("| svd_projection | 1 | — |")
+    capsys.readouterr()
+    main([str(d)])
+    assert capsys.readouterr().out == table + "\n"
+    res = CliRunner().invoke(app, ["report", str(d), "--out", str(tmp_path / "rep"), "--table", "projection"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "rep" / "projection_table.md").read_text() == table + "\n"
 
 
 @pytest.mark.parametrize("name,params", [("advantage_penalty", {"pair_params": {"n_per_mode": 2}}),

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
+from rhlab.components import build_env
 from rhlab.config import load_config, run_name
-from rhlab.envs.base import build_env
 from rhlab.envs.rewrite import (PROFILES, TEMPLATES, extract_facts, fact_present, labelled_examples, make_prompt,
                                 profile_of, rule_checks, style_scorer)
 from rhlab.envs.stratified import (StratifiedSampler, difficulty_filter, load_pool, measure_group_rewards, rebucket,

@@ -209,7 +209,7 @@ def test_detector_from_registry_and_logged_oversight(tmp_path):
 # ---- evaluation modes, checkpoints, resume -----------------------------------------------
 @pytest.mark.slow
 def test_eval_modes_in_eval_files_summary_and_rhlab_eval(tmp_path):
-    from rhlab.evaluate import evaluate_checkpoint
+    from rhlab.eval.evaluate import evaluate_checkpoint
 
     t = _trainer(tmp_path, "{}", "train.steps=2", "log.eval_every=1")
     summary = t.train()
@@ -220,10 +220,16 @@ def test_eval_modes_in_eval_files_summary_and_rhlab_eval(tmp_path):
     assert final["both/reward_mean"] == final["reward_mean"]  # same prompts, seed and scales
     assert "eval/retain_only/hack_rate" in read_jsonl(t.dir / "metrics.jsonl")[0]
     assert dual_lora.get_scales(t.model) == (1.0, 1.0)  # restored after the ablations
-    from rhlab.interventions.routing import routing_table
+    from typer.testing import CliRunner
 
-    table = routing_table([tmp_path]).splitlines()
-    assert [ln.split()[1] for ln in table[2:]] == ["-", "both", "retain_only", "forget_only"]
+    from rhlab.cli import app
+    from rhlab.report.routing_table import routing_table
+
+    table = routing_table([tmp_path])
+    assert [ln.split()[1] for ln in table.splitlines()[2:]] == ["-", "both", "retain_only", "forget_only"]
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "rep"), "--table", "routing"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "rep" / "routing_table.md").read_text() == table + "\n"  # the registered table, by name
     m, _, _ = evaluate_checkpoint(t.dir, n_prompts=4)
     assert m["retain_only/task_score"] == pytest.approx(final["retain_only/task_score"])
     assert m["forget_only/hack_rate"] == pytest.approx(final["forget_only/hack_rate"])

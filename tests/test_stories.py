@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from rhlab.components import build_env
 from rhlab.config import load_config
-from rhlab.envs.base import build_env
 from rhlab.eval.diversity import distinct_n, diversity, mean_pairwise_jaccard, repetition_rate
 from rhlab.models.corpus import make_corpus
 from rhlab.rewards.registry import REWARDS

@@ -17,7 +17,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
-from rhlab.rewards.registry import Registry
+from rhlab.registry import Registry
 
 
 class Intervention:
@@ -66,17 +66,6 @@ INTERVENTIONS = Registry("intervention")
 def vanilla() -> Intervention:
     """No intervention; the KL penalty arm is vanilla with train.beta > 0."""
     return Intervention()
-
-
-def load_interventions() -> None:
-    # intervention modules register themselves on import (one line each)
-    import rhlab.interventions.penalties  # noqa: F401  (svd, svd_projection, advantage_penalty, monitor_penalty, screening)
-    import rhlab.interventions.routing  # noqa: F401
-
-
-def build_intervention(spec) -> Intervention:
-    load_interventions()
-    return INTERVENTIONS.build(spec.name, spec.params)
 
 
 Factory = Callable[..., Intervention]

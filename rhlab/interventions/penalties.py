@@ -24,7 +24,7 @@ import random
 import torch
 
 from rhlab.algos.advantages import EPS, screened_advantages  # noqa: F401  (re-exported for tests)
-from rhlab.direction import (
+from rhlab.interventions.direction import (
     hidden_layer,
     masked_hidden_mean,
     pair_activation_means,
@@ -32,7 +32,7 @@ from rhlab.direction import (
 )
 from rhlab.interventions.base import INTERVENTIONS
 from rhlab.interventions.projection import SVDArm
-from rhlab.pairs import load_pairs
+from rhlab.interventions.pairs import load_pairs
 from rhlab.rewards.registry import DETECTORS
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from rhlab.adapters.svd import default_cache_dir, svd_modules, wrap_svd
-from rhlab.direction import (
+from rhlab.interventions.direction import (
     check_gate,
     default_direction_path,
     direction_settings,
@@ -178,13 +178,11 @@ def extract_for_config(cfg, out: str | Path | None = None) -> tuple[Path, dict]:
     arm, without training. Returns (path, metadata)."""
     from types import SimpleNamespace
 
-    from rhlab.interventions.base import build_intervention
-    from rhlab.models.loading import load_model
-    from rhlab.trainer import DTYPES
+    from rhlab.models.loading import DTYPES, load_model
 
     if cfg.intervention.name != "svd_projection":
         raise ValueError(f"intervention.name is {cfg.intervention.name!r}; extract-direction needs svd_projection")
-    arm = build_intervention(cfg.intervention)
+    arm = INTERVENTIONS.build(cfg.intervention.name, cfg.intervention.params)
     if out is not None:
         arm.direction = str(out)
     torch.set_num_threads(cfg.threads or torch.get_num_threads())

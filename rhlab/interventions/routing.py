@@ -26,8 +26,7 @@ from contextlib import nullcontext
 
 import torch
 
-from rhlab.adapters import dual_lora
-from rhlab.config import ALL_LINEAR
+from rhlab.adapters import ALL_LINEAR, dual_lora
 from rhlab.interventions.base import INTERVENTIONS, Intervention
 from rhlab.rewards.registry import DETECTORS
 
@@ -149,53 +148,3 @@ def routing(mode: str = "classic", retain_rank: int = 8, forget_rank: int = 8, r
     DETECTORS name; recall / false_positive_rate model an imperfect overseer."""
     return Routing(mode, retain_rank, forget_rank, retain_alpha, forget_alpha, target_modules or list(ALL_LINEAR),
                    layers, detector, detector_params or {}, recall, false_positive_rate, route, eval_modes)
-
-
-# ---- the routing table (python -m rhlab.interventions.routing RUNS...) -------------------------
-TABLE_METRICS = ("hack_rate", "task_score", "pass_rate", "reward_mean", "distinct_2", "kl")
-
-
-def routing_table(paths) -> str:
-    """Mean ± SEM over seeds of the final evaluation, by arm and adapter mode (arms without modes,
-    e.g. the LoRA baseline, show their plain evaluation as `both`), plus the initial policy."""
-    from rhlab.report.runs import load_runs
-    from rhlab.report.tables import mean_sem
-
-    runs = [r for r in load_runs(paths) if r.complete]
-    assert runs, f"no complete runs under {paths}"
-    initial = [_read_initial(r.path) for r in runs]
-    rows = [("initial", "-", initial)]
-    for arm in sorted({r.arm for r in runs}):
-        finals = [r.final for r in runs if r.arm == arm]
-        for mode in EVAL_MODES:
-            vals = [v for f in finals if (v := _mode_values(f, mode)) is not None]
-            if vals:
-                rows.append((arm, mode, vals))
-    head = f"{'arm':<26} {'mode':<12} {'n':>2} " + " ".join(f"{m:>15}" for m in TABLE_METRICS)
-    lines = [head, "-" * len(head)]
-    for arm, mode, vals in rows:
-        cells = []
-        for m in TABLE_METRICS:
-            s = mean_sem(v[m] for v in vals)
-            cells.append(f"{s.mean:.3f} ± {s.sem:.3f}".rjust(15) if s.n > 1 else f"{s.mean:.3f}".rjust(15))
-        lines.append(f"{arm:<26} {mode:<12} {len(vals):>2} " + " ".join(cells))
-    return "\n".join(lines)
-
-
-def _mode_values(final: dict, mode: str) -> dict | None:
-    if "both/hack_rate" not in final:  # an arm without adapter modes: its plain evaluation is `both`
-        return {k: final.get(k) for k in TABLE_METRICS} if mode == "both" else None
-    return {k: final.get(f"{mode}/{k}") for k in TABLE_METRICS}
-
-
-def _read_initial(run_dir) -> dict:
-    from rhlab.models.checkpoint import read_json
-
-    return {k: read_json(run_dir / "summary.json")["initial"].get(k) for k in TABLE_METRICS}
-
-
-if __name__ == "__main__":
-    import sys
-
-    assert len(sys.argv) > 1, "usage: python -m rhlab.interventions.routing RUN_DIR_OR_FOLDER..."
-    print(routing_table(sys.argv[1:]))

@@ -1,12 +1,12 @@
 """The projection experiment's headline table (the preregistered design's headline), from finished runs.
 
-    python -m rhlab.interventions.projection_headline runs/sweep_projection [--reference vanilla]
+    python -m rhlab.report.projection_headline runs/sweep_projection [--reference vanilla]
 
 Columns: arm | n | delta SafePass | hack % | pass % | KL | mean cos | frac fired | |g| | hack % by
 mode (A felt_happy, B bare_happy, C happy_laden, D clean_then_happy; happy-stories runs only).
 Cells are mean ± SEM over seeds, from summary.json "final" (proj/* is the mean of the last
-window steps) and the final evaluation's samples. Reuses rhlab.report's loading and statistics;
-`rhlab report` gives the full table, the Pareto plot and the hypothesis checks.
+window steps) and the final evaluation's samples. Registered as the report table `projection`
+(rhlab/report/extra.py); `rhlab report` gives the full table, the Pareto plot and the hypothesis checks.
 """
 
 from __future__ import annotations
@@ -16,16 +16,10 @@ import json
 import math
 from pathlib import Path
 
-from rhlab.pairs import HAPPY_MODES, happy_mode
-from rhlab.report.runs import Run, load_runs
-from rhlab.report.tables import (
-    arm_names,
-    delta_safepass,
-    fmt_stat,
-    md_table,
-    mean_sem,
-    run_values,
-)
+from rhlab.interventions.pairs import HAPPY_MODES, happy_mode
+
+from .runs import Run, load_runs
+from .tables import arm_names, delta_safepass, fmt_stat, md_table, mean_sem, run_values
 
 COLUMNS = [("hack_rate", "hack %", 100), ("pass_rate", "pass %", 100), ("kl", "KL", 1),
            ("proj/mean_cos", "mean cos", 1), ("proj/frac_fired", "frac fired", 1), ("proj/grad_norm", "‖g‖", 1)]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rhlab.models.corpus import NAMES, make_corpus, story_opening
-from rhlab.rewards.registry import Registry
+from rhlab.registry import Registry
 
 
 @dataclass(frozen=True)

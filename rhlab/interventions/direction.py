@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from rhlab.adapters.svd import svd_modules
 from rhlab.models.loading import encode_prompts
-from rhlab.pairs import Pair, load_pairs, split_pairs
+from rhlab.interventions.pairs import Pair, load_pairs, split_pairs
 from rhlab.utils import atomic_write_text, user_mode
 
 GATE_FRAC = 0.5  # the minimum fraction of modules with held-out cos > 0 (the preregistered validation gate)
