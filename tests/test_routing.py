@@ -226,7 +226,7 @@ def test_eval_modes_in_eval_files_summary_and_rhlab_eval(tmp_path):
     from rhlab.report.routing_table import routing_table
 
     table = routing_table([tmp_path])
-    assert [ln.split()[1] for ln in table.splitlines()[2:]] == ["-", "both", "retain_only", "forget_only"]
+    assert [ln.split("|")[2].strip() for ln in table.splitlines()[2:]] == ["-", "both", "retain_only", "forget_only"]
     res = CliRunner().invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "rep"), "--table", "routing"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "rep" / "routing_table.md").read_text() == table + "\n"  # the registered table, by name

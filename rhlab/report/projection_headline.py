@@ -19,18 +19,22 @@ from pathlib import Path
 from rhlab.interventions.pairs import HAPPY_MODES, happy_mode
 
 from .runs import Run, load_runs
-from .tables import arm_names, delta_safepass, fmt_stat, md_table, mean_sem, run_values
+from .tables import arm_names, delta_safepass, fmt_stat, md_table, mean_sem, run_values, t_half_width
 
 COLUMNS = [("hack_rate", "hack %", 100), ("pass_rate", "pass %", 100), ("kl", "KL", 1),
            ("proj/mean_cos", "mean cos", 1), ("proj/frac_fired", "frac fired", 1), ("proj/grad_norm", "‖g‖", 1)]
 MODE_COLUMNS = [(f"mode/{m}", f"hack % {k}", 100) for k, m in zip("ABCD", HAPPY_MODES)]
 
 
-def pct(mean: float, sem: float, n: int) -> str:
-    """A fraction as percent, 'mean ± sem' ('± —' for one seed)."""
+def pct(mean: float, sem: float, n: int, df: float | None = None) -> str:
+    """A fraction as percent, 'mean ± sem [95 % t interval]' on df degrees of freedom (default n - 1;
+    '± —' for one seed)."""
     if n == 0 or not math.isfinite(mean):
         return "—"
-    return f"{100 * mean:.1f} ± " + (f"{100 * sem:.1f}" if math.isfinite(sem) else "—")
+    h = t_half_width(sem, n - 1 if df is None else df)
+    if not math.isfinite(h):
+        return f"{100 * mean:.1f} ± —"
+    return f"{100 * mean:.1f} ± {100 * sem:.1f} [{100 * (mean - h):.1f}, {100 * (mean + h):.1f}]"
 
 
 def mode_rates(run: Run) -> dict[str, float]:
@@ -58,7 +62,7 @@ def headline(paths: list[str | Path], reference: str = "vanilla") -> str:
         mine = [vals[id(r)] for r in runs if r.arm == arm]
         d = deltas.get(arm)
         cells = [arm, str(len(mine)),
-                 "0 (ref)" if arm == reference else pct(d.delta, d.sem, d.n) if d else "—"]
+                 "0 (ref)" if arm == reference else pct(d.delta, d.sem, d.n, d.df) if d else "—"]
         for key, _, scale in cols:
             s = mean_sem(v[key] for v in mine if key in v)
             cells.append(pct(s.mean, s.sem, s.n) if scale == 100 else fmt_stat(s.mean, s.sem, s.n))

@@ -6,7 +6,8 @@ An experiment's artifacts live in ``results/<exp>/`` (kilobytes, no checkpoints)
 * ``hypotheses.yaml``: its preregistered hypotheses, when the sweep names them;
 * ``runs/<run>/``: ``config.yaml``, ``summary.json`` and ``metrics.jsonl`` of every complete planned
   run, the per-step metrics downsampled to every ``every``-th step (plus the first and the last) and
-  to scalar values at 5 significant digits. ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
+  to scalar values at 5 significant digits, and the final evaluation's ``eval/step_N.json`` (its
+  metrics and completions). ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
 
 Doc tables are blocks in README.md or docs/*.md::
 
@@ -74,6 +75,11 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
         for name in ("config.yaml", "summary.json"):  # paths inside the repo are written relative to it
             (dest / name).write_text((run.run_dir / name).read_text().replace(root, ""))
         (dest / "metrics.jsonl").write_text(_downsample(run.run_dir / "metrics.jsonl", every))
+        steps = json.loads(summary.read_text())["steps"]
+        final_eval = run.run_dir / "eval" / f"step_{steps:05d}.json"  # its samples: e.g. the hack modes
+        if final_eval.exists():
+            (dest / "eval").mkdir()
+            shutil.copyfile(final_eval, dest / "eval" / final_eval.name)
     if spec.report and "overopt" in spec.report.tables and len(missing) < len(planned):
         from rhlab.rm.overopt import arm_fits
 
@@ -172,6 +178,23 @@ def overopt_block(path: Path, reference: str = "") -> str:
                       f"`{path.relative_to(ROOT)}/overopt.png`)."])
 
 
+def projection_block(path: Path, reference: str = "vanilla") -> str:
+    """The projection experiment's preregistered headline table (rhlab/report/projection_headline.py)."""
+    from .projection_headline import headline
+
+    runs = _runs(path)
+    return "\n".join([headline([path / "runs"], reference), "", _seeds_line(runs, path) +
+                      "; percentages for rates; Δ SafePass: Welch 95 % interval."])
+
+
+def routing_block(path: Path) -> str:
+    """The routing table: each arm under each adapter mode (rhlab/report/routing_table.py)."""
+    from .routing_table import routing_table
+
+    runs = _runs(path)
+    return "\n".join([routing_table([path / "runs"]), "", _seeds_line(runs, path) + "."])
+
+
 def demo_block(path: Path) -> str:
     from .demo import table
 
@@ -200,7 +223,8 @@ def text_block(path: Path) -> str:
 
 KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypotheses_block, "demo": demo_block,
                                         "gpu_leetcode": gpu_leetcode_block, "text": text_block,
-                                        "overopt": overopt_block}
+                                        "overopt": overopt_block, "projection": projection_block,
+                                        "routing": routing_block}
 
 
 def render(spec: str) -> str:

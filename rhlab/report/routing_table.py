@@ -3,7 +3,7 @@
     python -m rhlab.report.routing_table runs/sweep_routing
 
 Rows: the initial policy, then each arm under each adapter mode its evaluations hold (both,
-retain_only, forget_only); cells are mean ± SEM over seeds of the final evaluation. Registered as
+retain_only, forget_only); cells are mean ± SEM [95 % t interval] over seeds of the final evaluation. Registered as
 the report table `routing` (rhlab/report/extra.py).
 """
 
@@ -13,7 +13,7 @@ from rhlab.interventions.routing import EVAL_MODES
 from rhlab.models.checkpoint import read_json
 
 from .runs import load_runs
-from .tables import mean_sem
+from .tables import fmt_stat, md_table, mean_sem
 
 TABLE_METRICS = ("hack_rate", "task_score", "pass_rate", "reward_mean", "distinct_2", "kl")
 
@@ -31,15 +31,11 @@ def routing_table(paths) -> str:
             vals = [v for f in finals if (v := _mode_values(f, mode)) is not None]
             if vals:
                 rows.append((arm, mode, vals))
-    head = f"{'arm':<26} {'mode':<12} {'n':>2} " + " ".join(f"{m:>15}" for m in TABLE_METRICS)
-    lines = [head, "-" * len(head)]
+    out = []
     for arm, mode, vals in rows:
-        cells = []
-        for m in TABLE_METRICS:
-            s = mean_sem(v[m] for v in vals)
-            cells.append(f"{s.mean:.3f} ± {s.sem:.3f}".rjust(15) if s.n > 1 else f"{s.mean:.3f}".rjust(15))
-        lines.append(f"{arm:<26} {mode:<12} {len(vals):>2} " + " ".join(cells))
-    return "\n".join(lines)
+        stats = [mean_sem(v[m] for v in vals) for m in TABLE_METRICS]
+        out.append([arm, mode, str(len(vals))] + [fmt_stat(s.mean, s.sem, s.n) for s in stats])
+    return md_table(["arm", "mode", "n", *TABLE_METRICS], out)
 
 
 def _mode_values(final: dict, mode: str) -> dict | None:
