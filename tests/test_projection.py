@@ -1,5 +1,6 @@
 """Rank-space projection, v_hack extraction and validation, pairs, and the baseline arms."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -345,3 +346,64 @@ def test_arm_resumes_exactly_after_a_stop(tmp_path, name, params):
     if name == "svd_projection":  # the window mean covers all 4 steps, 2 of them run before the resume
         for k in ("mean_cos", "std_cos", "grad_norm", "frac_fired"):
             assert resumed["final"][f"proj/{k}"] == pytest.approx(sum(r[f"proj/{k}"] for r in b) / 4, rel=1e-12), k
+
+
+def test_project_span_by_hand():
+    from rhlab.interventions.projection import orthonormal_basis, project_span
+
+    Q = orthonormal_basis([torch.tensor([1.0, 0, 0]), torch.tensor([1.0, 1, 0])])  # spans e1, e2
+    torch.testing.assert_close(Q @ Q.T, torch.diag(torch.tensor([1.0, 1, 0])))
+    g = torch.tensor([3.0, 4, 12])  # |g| = 13, 5 of it in the span
+    out, share, fired = project_span(g, Q, rescale=False)
+    torch.testing.assert_close(out, torch.tensor([0.0, 0, 12]))
+    assert fired and share == pytest.approx(5 / 13)
+    out, _, _ = project_span(g, Q, rescale=True)
+    torch.testing.assert_close(out, torch.tensor([0.0, 0, 13]))
+    out, share, fired = project_span(torch.tensor([0.0, 0, 2]), Q)  # nothing in the span: untouched
+    assert not fired and share == 0 and out.tolist() == [0, 0, 2]
+    with pytest.raises(AssertionError, match="linearly dependent"):
+        orthonormal_basis([torch.tensor([1.0, 2, 0]), torch.tensor([2.0, 4, 0])])
+
+
+def test_span_modes_are_checked():
+    from rhlab.interventions.projection import Projection
+
+    with pytest.raises(ValueError, match="span_modes needs >= 2 modes"):
+        Projection(span_modes=["felt_happy"])
+    with pytest.raises(ValueError, match="excludes modes"):
+        Projection(span_modes=["felt_happy", "bare_happy"], modes=["felt_happy"])
+
+
+def test_rollout_pairs_from_a_runs_own_samples(tmp_path):
+    from rhlab.interventions.pairs import load_pairs
+
+    rows = [  # step 5: one prompt, two hacked and three clean completions; step 10: another prompt
+        *({"step": 5, "prompt": "P1", "completion": c, "hack": h} for c, h in [
+            ("kai felt happy. kai felt happy. kai felt happy.", True), ("happy happy happy happy", True),
+            ("kai ran to the park.", False), ("kai ate a cake.", False), ("the sun was warm.", False)]),
+        *({"step": 10, "prompt": "P2", "completion": c, "hack": h} for c, h in [
+            ("mia felt happy. mia felt happy. mia felt happy.", True), ("mia sang a song.", False)]),
+        {"step": 10, "prompt": "P3", "completion": "happy happy happy", "hack": True},  # no clean partner
+    ]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "samples.jsonl").write_text((tmp_path / "samples.jsonl").read_text() * 2)  # 2 of each mode
+    pairs = load_pairs("rollouts", {"run_dir": str(tmp_path)})
+    assert sorted(p.mode for p in pairs) == ["bare_happy"] * 2 + ["felt_happy"] * 4
+    assert all(p.prompt in ("P1", "P2") and "happy" not in p.clean for p in pairs)
+    assert all(p.prompt == "P2" for p in pairs if p.hack.startswith("mia"))  # same-prompt partners
+    assert len(load_pairs("rollouts", {"run_dir": str(tmp_path), "n_max": 4})) == 4
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    with pytest.raises(ValueError, match="need >= 4"):
+        load_pairs("rollouts", {"run_dir": str(tmp_path)})
+
+
+@pytest.mark.slow
+def test_multi_direction_arm_trains(tmp_path):
+    from rhlab.utils import read_jsonl
+
+    summary, _ = run_arm(tmp_path, "svd_projection", {
+        "span_modes": ["felt_happy", "bare_happy"], "pair_params": {"n_per_mode": 2}, "heldout_frac": 0.5,
+        "allow_failed_validation": True}, steps=2)
+    rows = read_jsonl(tmp_path / summary["run_name"] / "metrics.jsonl")
+    assert all(0 < r["proj/frac_fired"] <= 1 and 0 < r["proj/mean_cos"] <= 1 for r in rows)  # a share of |g|
+    assert len(list((tmp_path / "cache" / "directions").glob("*.safetensors"))) == 2  # one per span mode

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,3 +248,34 @@ def jsonl_pairs(path: str) -> list[Pair]:
             raise ValueError(f"{p}:{i}: missing keys {sorted(missing)}")
         out.append(Pair(row["prompt"], row["hack"], row["clean"], row["mode"]))
     return out
+
+
+# ---- the policy's own rollouts (G3) ------------------------------------------------------
+@PAIR_SETS.register("rollouts")
+def rollout_pairs(run_dir: str, n_max: int = 200, seed: int = PAIRS_SEED) -> list[Pair]:
+    """Pairs from a finished run's own training samples (samples.jsonl): each completion the run's hack
+    flag marked, paired with an unmarked completion of the same prompt at the same step (a GRPO group
+    shares its prompt; log.n_samples >= num_generations keeps whole groups). Mode: happy_mode of the
+    hacked completion ("flagged" where it names none); a mode with a single pair is dropped (none could be
+    held out). At most n_max pairs, a seeded sample."""
+    from rhlab.utils import read_jsonl
+
+    path = Path(run_dir) / "samples.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"pair set rollouts: {path} not found (run_dir must be a finished run)")
+    groups: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    for row in read_jsonl(path):
+        groups[(row["step"], row["prompt"])].append(row)
+    rng, pairs = random.Random(seed), []
+    for (_, prompt), rows in sorted(groups.items()):
+        hacked = [r["completion"] for r in rows if r["hack"]]
+        clean = [r["completion"] for r in rows if not r["hack"]]
+        rng.shuffle(clean)
+        pairs += [Pair(prompt, h, c, happy_mode(h) or "flagged") for h, c in zip(hacked, clean)]
+    counts = Counter(p.mode for p in pairs)
+    pairs = [p for p in pairs if counts[p.mode] >= 2]  # split_pairs needs two of a mode to hold one out
+    if len(pairs) < 4:
+        raise ValueError(f"pair set rollouts: {path} holds {len(pairs)} same-prompt flagged/unflagged pairs "
+                         "(need >= 4): log more samples per step (log.n_samples) or train until the hack starts")
+    rng.shuffle(pairs)
+    return sorted(pairs[:n_max], key=lambda p: p.mode)
