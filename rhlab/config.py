@@ -354,7 +354,7 @@ PATH_KEYS: dict[tuple[str, ...], str | None] = {
     ("env", "params", "eval_file"): "file",
     ("env", "params", "rm_dir"): "dir",
     ("intervention", "params", "pair_params", "path"): "file",
-    ("intervention", "params", "pair_params", "run_dir"): "dir",
+    ("intervention", "params", "pair_params", "run_dir"): None,  # made by an earlier run: checked when read
     ("intervention", "params", "direction"): None,
     ("intervention", "params", "svd", "cache_dir"): None,
 }
