@@ -279,3 +279,22 @@ def rollout_pairs(run_dir: str, n_max: int = 200, seed: int = PAIRS_SEED) -> lis
                          "(need >= 4): log more samples per step (log.n_samples) or train until the hack starts")
     rng.shuffle(pairs)
     return sorted(pairs[:n_max], key=lambda p: p.mode)
+
+
+def write_pairs(pairs: list[Pair], path: str | Path) -> Path:
+    """Pairs as the `jsonl` pair set reads them (one {"prompt", "hack", "clean", "mode"} per line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(p.__dict__) + "\n" for p in pairs))
+    return path
+
+
+if __name__ == "__main__":  # freeze a pair set into a file: python -m rhlab.interventions.pairs NAME OUT [k=v ...]
+    import sys
+
+    import yaml
+
+    assert len(sys.argv) >= 3, "usage: python -m rhlab.interventions.pairs NAME OUT [param=value ...]"
+    params = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in sys.argv[3:])}
+    out = write_pairs(load_pairs(sys.argv[1], params), sys.argv[2])
+    print(f"{out}: {sum(1 for _ in out.open())} pairs")
