@@ -5,11 +5,13 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
+import yaml
 
 from rhlab.interventions.oversight import base_flags, oversight_stats
 from rhlab.interventions.penalties import MonitorPenalty, Screening
 
 T, F = True, False
+OVERSEEN = ("monitor_penalty", "screening", "routing")
 
 
 def test_oversight_stats_by_hand():
@@ -52,3 +54,31 @@ def test_monitor_arms_log_the_flags_they_acted_on(arm):
     assert (m["overseer/disagree"], m["overseer/recall"], m["overseer/fpr"]) == (0.5, 0.5, 0.5)
     if arm is MonitorPenalty:  # penalty 1 on the flagged ones
         assert batch.rewards.tolist() == [0.0, 1.0, -0.5, 0.0]
+
+
+def test_every_shipped_overseen_arm_flags_with_a_detector_the_evaluation_does_not_use():
+    from pathlib import Path
+
+    from rhlab.config import load_config
+    from rhlab.sweep.grid import expand, load_sweep
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    cfgs = []
+    for f in sorted(configs.glob("*.yaml")):
+        if f.name.startswith("sweep_") and any(n in f.read_text() for n in OVERSEEN):  # others need data files
+            cfgs += [(f"{f.name}:{r.arm}", r.config) for r in expand(*load_sweep(f))]
+        elif (yaml.safe_load(f.read_text()).get("intervention") or {}).get("name") in OVERSEEN:
+            cfgs.append((f.name, load_config(f)))
+    seen = set()
+    for where, cfg in cfgs:
+        iv = cfg.intervention
+        if iv.name in OVERSEEN[:2]:
+            detector = (iv.params.get("detector") or {}).get("name", "env")
+        elif iv.name == "routing":
+            detector = iv.params.get("detector", "env")
+        else:
+            continue
+        seen.add(where)
+        assert detector not in ("env", cfg.env.detector.name), f"{where}: the arm flags with {detector}"
+    assert {"proj_monitor.yaml", "proj_screening.yaml", "sweep_projection.yaml:monitor", "routing_group.yaml",
+            "sweep_routing.yaml:routing_group_recall0.5"} <= seen
