@@ -183,7 +183,7 @@ def test_every_arm_runs_a_step(tiny_chat_model, chat, tmp_path, arm):
     elif arm == "advantage_penalty":
         assert "concept_cos" in batch.extra
     elif arm == "routing":
-        assert row["routing/flagged_frac"] > 0
+        assert row["overseer/flag_rate"] > 0
     else:
         assert any(k.startswith("proj/") for k in row), sorted(row)
 

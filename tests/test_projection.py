@@ -208,7 +208,7 @@ def test_screened_rewards_are_exact_without_std_scaling():
 
 def test_monitor_accuracy_and_per_step_seeding():
     truth = [True, False] * 50
-    batch = SimpleNamespace(scores=SimpleNamespace(hack=truth), prompts=[], completions=[])
+    batch = SimpleNamespace(scores=SimpleNamespace(hack=truth), prompts=[""] * 100, completions=[""] * 100)
     trainer = lambda step: SimpleNamespace(cfg=SimpleNamespace(seed=3), step=step)
     assert Monitor(1.0, None).flags(trainer(1), batch).tolist() == truth
     assert Monitor(0.0, None).flags(trainer(1), batch).tolist() == [not t for t in truth]
@@ -216,6 +216,8 @@ def test_monitor_accuracy_and_per_step_seeding():
     a, b, c = (m.flags(trainer(s), batch) for s in (1, 1, 2))
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert 0.6 < float((a == torch.tensor(truth)).float().mean()) < 0.95
+    assert m.stats["overseer/disagree"] == float((c != torch.tensor(truth)).float().mean())  # the last call: step 2
+    assert m.stats["overseer/base_disagree"] == 0.0
 
 
 # ---- the arms end to end (1-2 steps on the built-in model) ------------------------------
@@ -268,6 +270,8 @@ def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path, capsys):
 def test_baseline_arms_run(tmp_path, name, params):
     summary, _ = run_arm(tmp_path, name, params)
     assert summary["status"] == "complete" and "hack_rate" in summary["final"]
+    if name != "advantage_penalty":  # the overseen arms: their disagreement with the env's flag, in summary.json
+        assert 0 <= summary["trajectory"]["overseer/disagree"]["last"] <= 1
 
 
 def test_sweep_arms_equal_the_arm_configs_and_the_hypotheses_name_them():

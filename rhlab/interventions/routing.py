@@ -10,8 +10,10 @@ zeroes some adapters' parameter gradients:
     exclusive  forget only                   retain only
 
 The flags come from an overseer: a base detector (`env` = the environment's own hack flag, or
-any DETECTORS name with detector_params) passed through noise with the configured recall and
-false-positive rate, drawn from a stream seeded by (seed, step) so a resumed run is exact.
+any DETECTORS name with detector_params; the shipped configs use happy_prefix, not the
+evaluation's happy_density) passed through noise with the configured recall and false-positive
+rate, drawn from a stream seeded by (seed, step) so a resumed run is exact. Each step logs the
+overseer's agreement with the env's hack flag (overseer/*, rhlab/interventions/oversight.py).
 With route=group, every completion of a prompt whose group holds a flagged completion is routed
 as flagged: under group-relative advantages the unflagged members' (negative) advantages are
 set by the hack's reward, so they carry the hack signal too.
@@ -28,6 +30,7 @@ import torch
 
 from rhlab.adapters import ALL_LINEAR, dual_lora
 from rhlab.interventions.base import INTERVENTIONS, Intervention
+from rhlab.interventions.oversight import base_flags, oversight_stats
 from rhlab.rewards.registry import DETECTORS
 
 MODES = ("none", "classic", "exclusive")
@@ -78,12 +81,7 @@ class Routing(Intervention):
 
     # ---- each step -----------------------------------------------------------------------
     def on_scored(self, trainer, batch) -> None:
-        truth = torch.tensor(batch.scores.hack, dtype=torch.bool)  # the env's hack flag: what we report against
-        if self.detector is None:
-            base = truth.clone()
-        else:
-            base = torch.tensor(self.detector(batch.prompts, batch.completions), dtype=torch.bool)
-        assert len(base) == len(batch.completions), "detector returned the wrong number of flags"
+        base = base_flags(self.detector, batch)
         flags = self.oversee(base, trainer.cfg.seed, trainer.step)
         routed = flags
         if self.route == "group":
@@ -93,7 +91,8 @@ class Routing(Intervention):
                 "route=group expects each prompt's completions to be contiguous"
             routed = flags.view(-1, g).any(1, keepdim=True).expand(-1, g).reshape(-1)
         batch.extra["routing_flag"] = routed
-        self.stats = {**_flag_stats(flags, truth), "routing/routed_frac": float(routed.float().mean())}
+        # agreement with the env's hack flag (the evaluation's measure) is judged on the overseer's own flags
+        self.stats = {**oversight_stats(base, flags, batch.scores.hack), "routing/routed_frac": float(routed.float().mean())}
 
     def oversee(self, base: torch.Tensor, seed: int, step: int) -> torch.Tensor:
         """An imperfect overseer: keeps each detected completion with prob recall and flags each
@@ -128,15 +127,6 @@ class Routing(Intervention):
             with dual_lora.scales(trainer.model, retain, forget):
                 out[mode], _ = trainer.evaluate()
         return out
-
-
-def _flag_stats(flags: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
-    """Per-step oversight numbers against the env's hack flag; recall / precision are nan when undefined."""
-    tp = float((flags & truth).sum())
-    return {"routing/flagged_frac": float(flags.float().mean()),
-            "routing/true_hack_rate": float(truth.float().mean()),
-            "routing/recall": tp / float(truth.sum()) if truth.any() else float("nan"),
-            "routing/precision": tp / float(flags.sum()) if flags.any() else float("nan")}
 
 
 @INTERVENTIONS.register("routing")
