@@ -3,17 +3,25 @@
 A factory's keyword parameters (annotations and defaults) are its declared params: check()
 validates a config's params against them at config load, before anything is built. Unknown
 names and params fail loudly, naming the allowed values. A component registers itself when its
-module is imported; rhlab.components imports every built-in one.
+module is imported; rhlab.components imports every built-in one, and a lookup imports it first
+(by name, at run time: this bottom layer imports nothing above it), so a name resolves whatever
+the caller imported.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import re
 from typing import Any, Callable, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+
+@functools.cache
+def _load_builtins() -> None:
+    importlib.import_module("rhlab.components")
 
 
 class Registry:
@@ -37,10 +45,12 @@ class Registry:
         return deco
 
     def allowed(self) -> str:
+        _load_builtins()
         return ", ".join(sorted(self.exact) + [ex for _, _, ex in self.patterns])
 
     def resolve(self, name: str, params: dict | None = None) -> tuple[Callable, dict]:
         """(factory, params including those a pattern name implies)."""
+        _load_builtins()
         params = dict(params or {})
         if name in self.exact:
             return self.exact[name], params
