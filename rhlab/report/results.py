@@ -195,6 +195,38 @@ def routing_block(path: Path) -> str:
     return "\n".join([routing_table([path / "runs"]), "", _seeds_line(runs, path) + "."])
 
 
+OVERSIGHT = ("flag_rate", "env_hack_rate", "disagree", "base_disagree", "recall", "fpr")
+
+
+def oversight_block(path: Path, last: str = "25") -> str:
+    """How often each overseen arm's training detector disagrees with the env's hack flag (the evaluation's
+    measure) on the same training completions: per run the mean over its last `last` steps, then over seeds."""
+    import math
+
+    from .tables import mean_sem
+
+    runs = [r for r in _runs(path) if any("overseer/disagree" in m for m in r.metrics)]
+    if not runs:
+        raise ReportError(f"{path}: no run logs overseer/* metrics")
+    def finite_mean(xs):  # recall is nan on a step with nothing to recall
+        xs = [x for x in xs if x is not None and math.isfinite(x)]
+        return sum(xs) / len(xs) if xs else math.nan
+
+    per_run = {}
+    for r in runs:
+        rows = [m for m in r.metrics if m["step"] > r.steps - int(last)]
+        per_run[id(r)] = {k: finite_mean(m.get(f"overseer/{k}") for m in rows) for k in OVERSIGHT}
+    rows = []
+    for arm in sorted({r.arm for r in runs}):
+        mine = [per_run[id(r)] for r in runs if r.arm == arm]
+        rows.append([arm, str(len(mine))] + [fmt_stat(st.mean, st.sem, st.n) for st in
+                                             (mean_sem(v[k] for v in mine) for k in OVERSIGHT)])
+    head = ["arm", "n", "training flag rate", "env hack rate", "disagree", "disagree before noise",
+            "recall", "false-positive rate"]
+    return "\n".join([md_table(head, rows), "", _seeds_line(runs, path) + f"; per run the mean over training "
+                      f"steps after {runs[0].steps} − {last} (logged every 5th step in the artifacts)."])
+
+
 def demo_block(path: Path) -> str:
     from .demo import table
 
@@ -224,7 +256,7 @@ def text_block(path: Path) -> str:
 KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypotheses_block, "demo": demo_block,
                                         "gpu_leetcode": gpu_leetcode_block, "text": text_block,
                                         "overopt": overopt_block, "projection": projection_block,
-                                        "routing": routing_block}
+                                        "routing": routing_block, "oversight": oversight_block}
 
 
 def render(spec: str) -> str:
