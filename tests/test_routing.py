@@ -1,5 +1,6 @@
 """Gradient routing: dual adapters, exact gradient masking, the overseer, ablation evals, checkpoints."""
 
+import math
 import copy
 from pathlib import Path
 
@@ -333,3 +334,18 @@ def test_routing_configs_and_sweep_validate():
     for arm, cfg in [("lora_baseline", base), ("routing_classic", classic), ("routing_group", group)]:
         run = next(r for r in runs if r.arm == arm)
         assert trained(run.config) == trained(cfg), f"sweep arm {arm} drifted from its config file"
+
+
+def test_advantage_split_by_hand():
+    from rhlab.interventions.routing import advantage_split
+
+    # two groups of 3; group 1 has one routed completion (adv +2), its two unrouted members -1 each
+    adv = torch.tensor([2.0, -1.0, -1.0, 0.5, -0.5, 0.0])
+    routed = torch.tensor([True, False, False, False, False, False])
+    s = advantage_split(adv, routed, group=3)
+    assert s["routing/adv_routed"] == 2.0
+    assert s["routing/adv_unrouted"] == pytest.approx((-1 - 1 + 0.5 - 0.5 + 0) / 5)
+    assert s["routing/adv_unrouted_in_routed_groups"] == -1.0
+    assert s["routing/unrouted_in_routed_groups_frac"] == pytest.approx(2 / 6)
+    assert s["routing/unrouted_negative_frac"] == pytest.approx(3 / 5)
+    assert math.isnan(advantage_split(adv, torch.zeros(6, dtype=torch.bool), 3)["routing/adv_routed"])

@@ -94,6 +94,11 @@ class Routing(Intervention):
         # agreement with the env's hack flag (the evaluation's measure) is judged on the overseer's own flags
         self.stats = {**oversight_stats(base, flags, batch.scores.hack), "routing/routed_frac": float(routed.float().mean())}
 
+    def advantages(self, trainer, batch, adv: torch.Tensor) -> torch.Tensor:
+        """Unchanged: only logs what pushes each adapter (advantage_split)."""
+        self.stats.update(advantage_split(adv, batch.extra["routing_flag"], trainer.cfg.train.num_generations))
+        return adv
+
     def oversee(self, base: torch.Tensor, seed: int, step: int) -> torch.Tensor:
         """An imperfect overseer: keeps each detected completion with prob recall and flags each
         undetected one with prob false_positive_rate; one uniform draw per completion per step."""
@@ -127,6 +132,23 @@ class Routing(Intervention):
             with dual_lora.scales(trainer.model, retain, forget):
                 out[mode], _ = trainer.evaluate()
         return out
+
+
+def advantage_split(adv: torch.Tensor, routed: torch.Tensor, group: int) -> dict[str, float]:
+    """Advantages of routed (forget-only) and unrouted (both adapters) completions, and of the unrouted ones
+    that share a group with a routed one: under group-relative advantages those are pushed down by the
+    hack's reward, and with per-completion routing that push reaches the retain adapter."""
+    adv, routed = adv.detach().float().cpu(), routed.bool().cpu()
+    in_hack_group = routed.view(-1, group).any(1, keepdim=True).expand(-1, group).reshape(-1) & ~routed
+    nan = float("nan")
+
+    def mean(sel):
+        return float(adv[sel].mean()) if sel.any() else nan
+
+    return {"routing/adv_routed": mean(routed), "routing/adv_unrouted": mean(~routed),
+            "routing/adv_unrouted_in_routed_groups": mean(in_hack_group),
+            "routing/unrouted_in_routed_groups_frac": float(in_hack_group.float().mean()),
+            "routing/unrouted_negative_frac": float((adv[~routed] < 0).float().mean()) if (~routed).any() else nan}
 
 
 @INTERVENTIONS.register("routing")
