@@ -16,7 +16,7 @@ $(VENV)/.dev: $(VENV)/.base
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
-.PHONY: demo test bench chromium bubblewrap
+.PHONY: demo test bench chromium bubblewrap docs
 
 # bubblewrap: the OS isolation every run of model-written code uses (Debian package; needs root)
 bubblewrap:
@@ -36,3 +36,7 @@ test: $(VENV)/.dev chromium bubblewrap
 
 bench: $(VENV)/.base
 	$(BIN)/python benchmarks/step_speed.py
+
+# regenerate the results tables in README.md and docs/*.md from results/ (tests/test_results.py checks them)
+docs: $(VENV)/.base
+	$(BIN)/python -m rhlab.report.results docs

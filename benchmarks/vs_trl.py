@@ -66,8 +66,8 @@ def trl_step_times(lora: bool, steps: int, warmup: int, threads: int, checkpoint
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from rhlab.components import build_env
     from rhlab.config import load_config as lc
-    from rhlab.envs.base import build_env
 
     torch.set_num_threads(threads)
     env = build_env(lc().env)

@@ -255,7 +255,7 @@ def eval_cmd(target: Path = typer.Argument(..., help="a run directory or one of 
     """Fresh samples from a trained policy: reward, task score, hack rate, diversity (or a gated suite)."""
     _at_least(prompts, 1, "--prompts")
     _at_least(samples, 0, "--samples")
-    from rhlab.evaluate import evaluate_checkpoint
+    from rhlab.eval.evaluate import evaluate_checkpoint
 
     if suite is not None:
         from rhlab.eval.suites import format_gate_table, run_suite_for_run, suite_passed
@@ -285,10 +285,19 @@ def eval_cmd(target: Path = typer.Argument(..., help="a run directory or one of 
 def report(runs: List[Path] = typer.Argument(..., help="run directories or folders holding them"),
            out: Path = typer.Option(..., "--out", help="output directory"),
            reference: Optional[str] = typer.Option(None, help="reference arm for delta SafePass (default vanilla)"),
-           hypotheses: Optional[Path] = typer.Option(None, help="YAML of preregistered claims")):
+           hypotheses: Optional[Path] = typer.Option(None, help="YAML of preregistered claims"),
+           table: Optional[List[str]] = typer.Option(None, "--table", help="an extra table by name (repeatable): "
+                                                     "projection, overopt, routing (rhlab/report/extra.py)")):
     """Tables (mean ± SEM by arm), hack-vs-pass Pareto plot, learning curves, hypothesis checks, HTML."""
     from rhlab.report import ReportError, build_report
+    from rhlab.report.extra import check_table
 
+    tables = table or []
+    for name in tables:
+        try:
+            check_table(name)
+        except ValueError as e:
+            _fail(f"--table: {e}")
     _writable_dir(out, "--out")
     try:
         res = build_report(runs, out, reference_arm=reference, hypotheses_path=hypotheses)
@@ -297,6 +306,7 @@ def report(runs: List[Path] = typer.Argument(..., help="run directories or folde
     console.print(res["table_text"], highlight=False)
     for h in res.get("hypotheses") or []:
         console.print(f"hypothesis {h['name']}: [bold]{h['verdict']}[/]", highlight=False)
+    _extra_tables(tables, list(runs), reference, out)
     console.print(f"report: {out / 'report.html'}", highlight=False)
 
 
@@ -488,16 +498,17 @@ def _get(d: dict, key: str):
     return d
 
 
-def _extra_table(name: str, runs_dir: str, reference: Optional[str], out: Path) -> str:
-    """A sweep report's extra table: projection (the preregistered headline table) or overopt (proxy vs gold)."""
-    if name == "projection":
-        from rhlab.interventions.projection_headline import headline
-        return headline([runs_dir], reference or "vanilla")
-    from rhlab.report.runs import load_runs
-    from rhlab.rm.overopt import arm_overopt_table, overopt_report
-    dirs = [r.path for r in load_runs([runs_dir]) if r.complete]
-    overopt_report(dirs, out / "overopt")
-    return arm_overopt_table(dirs) + f"\n(fits and plot: {out / 'overopt'})"
+def _extra_tables(names: list[str], runs: list, reference: Optional[str], out: Path) -> None:
+    """Registered report tables (rhlab/report/extra.py) by name: printed and written to OUT/NAME_table.md."""
+    from rhlab.report.extra import TABLES
+
+    for name in names:
+        try:
+            text = TABLES[name](runs, reference, out)
+        except (ValueError, FileNotFoundError, AssertionError) as e:
+            _fail(f"report table {name!r}: {e}")
+        (out / f"{name}_table.md").write_text(text + "\n")
+        console.print(f"\n[bold]{name}[/]\n{text}", highlight=False)
 
 
 def _sweep_report(sp, out: Optional[Path]) -> None:
@@ -514,13 +525,7 @@ def _sweep_report(sp, out: Optional[Path]) -> None:
     console.print(res["table_text"], highlight=False)
     for h in res.get("hypotheses") or []:
         console.print(f"hypothesis {h['name']}: [bold]{h['verdict']}[/]", highlight=False)
-    for name in rs.tables:
-        try:
-            text = _extra_table(name, sp.output_dir, rs.reference, out)
-        except (ValueError, FileNotFoundError, AssertionError) as e:
-            _fail(f"report table {name!r}: {e}")
-        (out / f"{name}_table.md").write_text(text + "\n")
-        console.print(f"\n[bold]{name}[/]\n{text}", highlight=False)
+    _extra_tables(rs.tables, [sp.output_dir], rs.reference, out)
     console.print(f"report: {out / 'report.html'} (Pareto: {out / 'pareto.png'})", highlight=False)
 
 
@@ -580,7 +585,7 @@ def extract_direction(config: Path = typer.Argument(..., help="run config with i
                       overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
                       out: Optional[Path] = typer.Option(None, help="v_hack file (default: the cached path training uses)")):
     """Extract v_hack from contrastive pairs (gradient side), validate it on held-out pairs, save it."""
-    from rhlab.direction import GATE_FRAC, DirectionError
+    from rhlab.interventions.direction import GATE_FRAC, DirectionError
     from rhlab.interventions.projection import extract_for_config
 
     try:

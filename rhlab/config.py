@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import yaml
 from pydantic import (
@@ -25,10 +25,12 @@ from pydantic import (
     model_validator,
 )
 
+from rhlab.adapters import ALL_LINEAR
 from rhlab.models.sampling import SamplingSpec
 from rhlab.utils import format_validation_error
 
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+if TYPE_CHECKING:
+    import torch
 
 
 class ConfigError(ValueError):
@@ -72,6 +74,26 @@ class ModelConfig(Section):
         return v
 
 
+def resolve_device(spec: str) -> torch.device:
+    """model.device -> a torch.device: auto = cuda when available, else cpu. Fails loudly when a
+    CUDA device is asked for and this machine (or this torch build) has none."""
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or (spec.startswith("cuda:") and spec[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"model.device={spec}: CUDA is not available here (torch {torch.__version__}, "
+                              "torch.cuda.is_available() is False); use model.device=cpu or auto")
+        index = int(spec[5:]) if ":" in spec else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"model.device={spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return torch.device("cuda", index)
+    raise ConfigError(f"model.device: unknown device {spec!r}; allowed: {DEVICES}")
+
+
 class RewardSpec(Section):
     name: str = Field(description="a registered reward (or pattern such as sentence_length_N)")
     weight: float = Field(1.0, description="its weight in the training reward (sum of weight * part)")
@@ -104,9 +126,9 @@ class EnvConfig(Section):
         name is left to check_params); a detector given only params gets the default detector's name."""
         if not isinstance(data, dict):
             return data
-        from rhlab.envs.base import ENVS, load_builtin_envs
+        import rhlab.components  # noqa: F401  (registers every built-in environment)
+        from rhlab.envs.base import ENVS
 
-        load_builtin_envs()
         env = ENVS.get(data.get("name", cls.model_fields["name"].default))
         if env is None:
             return data
@@ -312,6 +334,7 @@ PATH_KEYS: dict[tuple[str, ...], str | None] = {
     ("env", "params", "eval_file"): "file",
     ("env", "params", "rm_dir"): "dir",
     ("intervention", "params", "pair_params", "path"): "file",
+    ("intervention", "params", "pair_params", "run_dir"): None,  # made by an earlier run: checked when read
     ("intervention", "params", "direction"): None,
     ("intervention", "params", "svd", "cache_dir"): None,
 }
@@ -379,8 +402,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
 def check_params(cfg: RunConfig) -> None:
     """The nested params (env, rewards, detector, intervention) against what each registered
     component declares, before any model loads; ValueError naming the key."""
+    import rhlab.components  # noqa: F401  (registers every built-in env, reward, detector and intervention)
     from rhlab.envs.base import check_env_params
-    from rhlab.interventions.base import INTERVENTIONS, NESTED_CHECKS, load_interventions
+    from rhlab.interventions.base import INTERVENTIONS, NESTED_CHECKS
     from rhlab.rewards.registry import DETECTORS, REWARDS
 
     env = check_env_params(cfg.env.name, cfg.env.params)
@@ -389,7 +413,6 @@ def check_params(cfg: RunConfig) -> None:
             REWARDS.check(r.name, r.params, f"env.rewards[{i}]")
     if getattr(env, "registry_detector", False):
         DETECTORS.check(cfg.env.detector.name, cfg.env.detector.params, "env.detector")
-    load_interventions()
     INTERVENTIONS.check(cfg.intervention.name, cfg.intervention.params, "intervention")
     if cfg.intervention.name in NESTED_CHECKS:
         NESTED_CHECKS[cfg.intervention.name](cfg.intervention.params)

@@ -25,21 +25,19 @@ import yaml
 
 from rhlab.algos.advantages import MovingBaseline, grpo_advantages, rloo_advantages
 from rhlab.algos.losses import Norm, k3_kl, policy_loss
-from rhlab.config import ConfigError, RunConfig, run_name
-from rhlab.envs.base import Scores, build_env
+from rhlab.components import build_env, build_intervention
+from rhlab.config import ConfigError, RunConfig, resolve_device, run_name
+from rhlab.envs.base import Scores
 from rhlab.envs.code.sandbox import set_default_isolation
 from rhlab.eval.diversity import diversity
-from rhlab.interventions.base import build_intervention
 from rhlab.models import checkpoint as ckpt
-from rhlab.models.loading import encode_prompts, load_model, resolve_device
+from rhlab.models.loading import DTYPES, encode_prompts, load_model
 from rhlab.models.fast_llama import policy_logits
 from rhlab.models.llama_block import core_model
 from rhlab.models.packed import packed_logprobs, supports_packed
 from rhlab.models.sampler import Rollouts, generate
 from rhlab.rundir import RunDirLock
 from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -344,7 +342,7 @@ class Trainer:
             self.release()
 
     def _train(self) -> dict:
-        from rhlab.tracking import Progress, plot_run
+        from rhlab.tracking import Progress, Trackers, plot_run
 
         cfg, d = self.cfg, self.dir
         start = self._prepare_dir()
@@ -354,8 +352,6 @@ class Trainer:
         if start == 1:
             self._eval_and_save(0)
         t_run = time.time()
-        from rhlab.trackers import Trackers
-
         trackers = Trackers(cfg.log.report_to, d, self.name, cfg.dump())
         progress = Progress(cfg.train.steps, start - 1, enabled=cfg.log.progress)
         for step in range(start, cfg.train.steps + 1):

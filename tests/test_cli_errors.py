@@ -30,6 +30,8 @@ def scratch(tmp_path):
     (tmp_path / "bad_sweep.yaml").write_text("base: x.yaml\narms: {a: {}\n")
     (tmp_path / "typo_sweep.yaml").write_text(f"base: {CONFIGS / 'happy_vanilla.yaml'}\nworkerz: 2\n")
     (tmp_path / "no_seeds.yaml").write_text(f"base: {CONFIGS / 'happy_vanilla.yaml'}\nseeds: []\n")
+    (tmp_path / "table_sweep.yaml").write_text(f"base: {CONFIGS / 'happy_vanilla.yaml'}\n"
+                                               "report: {out: rep, tables: [projection, nope]}\n")
     (tmp_path / "a_file").write_text("")
     (tmp_path / "problems.jsonl").write_text("")
     (tmp_path / "completions.jsonl").write_text("")
@@ -54,6 +56,10 @@ CASES = [  # id, argv (in the scratch folder), key words of the one-line message
     ("unwritable-output-dir", ["train", "run.yaml", "output_dir=a_file/runs", *TINY],
      ["cannot write the run directory", "a_file/runs/r", "Not a directory"]),
     ("report-out-unwritable", ["report", ".", "--out", "a_file/report"], ["--out: cannot create", "a_file/report"]),
+    ("report-unknown-table", ["report", ".", "--out", "rep", "--table", "nope"],
+     ["--table: unknown report table 'nope'; allowed: projection, overopt, routing"]),
+    ("sweep-unknown-table", ["sweep", "table_sweep.yaml", "--dry-run"],
+     ["table_sweep.yaml", "report.tables.1: unknown report table 'nope'; allowed: projection, overopt, routing"]),
     ("eval-prompts-0", ["eval", ".", "--prompts", "0"], ["--prompts must be >= 1 (got 0)"]),
     ("grade-timeout-0", ["grade", "problems.jsonl", "completions.jsonl", "--timeout", "0"],
      ["--timeout must be > 0 (got 0.0)"]),

@@ -14,9 +14,8 @@ from rhlab.envs.code.grading import (
     correct_or_hinted_compile, extract_code, format_summary, grade_batch, grade_completion, grade_files,
     ground_truth_monitor_penalty,
 )
-from rhlab.envs.code.leetcode import (
-    TEST_FUNC_NAMES, VARIANTS, eval_func_name, load_problems, make_prompt, problem_from_row,
-)
+from rhlab.envs.code.leetcode import eval_func_name, load_problems, make_prompt, problem_from_row
+from rhlab.loophole import TEST_FUNC_NAMES, VARIANTS
 
 # The reference implementation's 80-problem test set: not shipped with the repo (2.6 MB, no license
 # file upstream); read from beside it when present.

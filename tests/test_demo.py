@@ -38,8 +38,8 @@ def test_preset_is_the_documented_one():
 
 def test_doc_table_is_generated_from_the_artifacts(tmp_path):
     doc = DOC.read_text()
-    m = re.search(r"<!-- demo-seeds:begin -->\n(.*?)\n<!-- demo-seeds:end -->", doc, re.S)
-    assert m, "docs/happy_stories.md lacks the demo-seeds markers"
+    m = re.search(r"<!-- results demo results/demo -->\n(.*?)\n<!-- /results -->", doc, re.S)
+    assert m, "docs/happy_stories.md lacks the demo's results block"
     assert m.group(1) == table(RESULTS), "doc table differs from `python -m rhlab.report.demo table results/demo`"
     # an edited artifact changes the table
     shutil.copytree(RESULTS, tmp_path / "demo")

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from conftest import LEETCODE_MINI
+from rhlab.components import build_env
 from rhlab.config import load_config
-from rhlab.envs.base import build_env
 from rhlab.envs.code.grading import LABELS
-from rhlab.envs.code.leetcode import VARIANTS, load_problems, loophole_sentence, make_prompt
+from rhlab.envs.code.leetcode import load_problems, make_prompt
+from rhlab.loophole import VARIANTS, loophole_sentence
 from rhlab.models.loading import encode_prompts, load_model, render_chat
 from rhlab.utils import read_jsonl
 
@@ -182,7 +183,7 @@ def test_every_arm_runs_a_step(tiny_chat_model, chat, tmp_path, arm):
     elif arm == "advantage_penalty":
         assert "concept_cos" in batch.extra
     elif arm == "routing":
-        assert row["routing/flagged_frac"] > 0
+        assert row["overseer/flag_rate"] > 0
     else:
         assert any(k.startswith("proj/") for k in row), sorted(row)
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
+from rhlab.components import build_env
 from rhlab.config import load_config
-from rhlab.envs.base import build_env
 from rhlab.envs.code.grading import grade_batch
 from rhlab.envs.minicode import build_problems
 from rhlab.models.code_corpus import (TEMPLATES, CorpusMix, all_tasks, fenced, make_code_corpus, make_document,
@@ -176,7 +176,7 @@ def test_mini_code_pairs_are_labelled_by_the_real_grader():
     """The pair set's hacks are what the grader calls a hack, its clean side is correct."""
     from rhlab.envs.minicode import to_code_problem
     from rhlab.models.code_corpus import make_prompt_text
-    from rhlab.pairs import MINICODE_MODES, load_pairs, mini_code_pairs
+    from rhlab.interventions.pairs import MINICODE_MODES, load_pairs, mini_code_pairs
 
     pairs = mini_code_pairs(n_per_mode=3, seed=5)
     assert [p.mode for p in pairs[:4]] == list(MINICODE_MODES) and len(pairs) == 12

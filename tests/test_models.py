@@ -235,7 +235,8 @@ def _wrapped_copy(model, kind: str, tmp_path):
 
     from rhlab.adapters import dual_lora
     from rhlab.adapters.svd import svd_modules, wrap_svd
-    from rhlab.config import ALL_LINEAR, LoraSpec
+    from rhlab.adapters import ALL_LINEAR
+    from rhlab.config import LoraSpec
     from rhlab.models.checkpoint import add_lora
 
     torch.manual_seed(0)
@@ -355,7 +356,8 @@ def test_step_pieces_stay_on_the_model_device(builtin, monkeypatch):
         screened_advantages,
     )
     from rhlab.algos.losses import Norm, policy_loss
-    from rhlab.config import ALL_LINEAR, LoraSpec
+    from rhlab.adapters import ALL_LINEAR
+    from rhlab.config import LoraSpec
     from rhlab.models.checkpoint import add_lora
     from rhlab.models.fast_llama import LlamaRunner, merged_state_dict, policy_logits
     from rhlab.models.sampler import Rollouts, left_pad, penalize_repeats

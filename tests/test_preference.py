@@ -6,8 +6,8 @@ import random
 import numpy as np
 import pytest
 
+from rhlab.components import build_env
 from rhlab.config import EnvConfig, RewardSpec
-from rhlab.envs.base import build_env
 from rhlab.envs.preference import GoldConfig, GoldReward, hack_flags, length_score, sentiment_score
 from rhlab.rm.pairs import read_pairs
 from rhlab.rm.train import RMConfig, train_reward_model

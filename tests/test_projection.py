@@ -1,5 +1,6 @@
 """Rank-space projection, v_hack extraction and validation, pairs, and the baseline arms."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -8,7 +9,7 @@ from torch import nn
 
 from rhlab.adapters.svd import SVDLinear, wrap_svd
 from rhlab.algos.advantages import grpo_advantages
-from rhlab.direction import (
+from rhlab.interventions.direction import (
     DirectionError,
     check_gate,
     encode_pair_text,
@@ -19,7 +20,7 @@ from rhlab.direction import (
 from rhlab.envs.stories import happy_density
 from rhlab.interventions.penalties import Monitor, screened_advantages, screened_rewards
 from rhlab.interventions.projection import Projection, project
-from rhlab.pairs import HAPPY_MODES, Pair, happy_mode, load_pairs, split_pairs
+from rhlab.interventions.pairs import HAPPY_MODES, Pair, happy_mode, load_pairs, split_pairs
 
 torch.set_num_threads(1)
 
@@ -207,7 +208,7 @@ def test_screened_rewards_are_exact_without_std_scaling():
 
 def test_monitor_accuracy_and_per_step_seeding():
     truth = [True, False] * 50
-    batch = SimpleNamespace(scores=SimpleNamespace(hack=truth), prompts=[], completions=[])
+    batch = SimpleNamespace(scores=SimpleNamespace(hack=truth), prompts=[""] * 100, completions=[""] * 100)
     trainer = lambda step: SimpleNamespace(cfg=SimpleNamespace(seed=3), step=step)
     assert Monitor(1.0, None).flags(trainer(1), batch).tolist() == truth
     assert Monitor(0.0, None).flags(trainer(1), batch).tolist() == [not t for t in truth]
@@ -215,6 +216,8 @@ def test_monitor_accuracy_and_per_step_seeding():
     a, b, c = (m.flags(trainer(s), batch) for s in (1, 1, 2))
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert 0.6 < float((a == torch.tensor(truth)).float().mean()) < 0.95
+    assert m.stats["overseer/disagree"] == float((c != torch.tensor(truth)).float().mean())  # the last call: step 2
+    assert m.stats["overseer/base_disagree"] == 0.0
 
 
 # ---- the arms end to end (1-2 steps on the built-in model) ------------------------------
@@ -233,7 +236,11 @@ def run_arm(tmp_path, name, params, steps=1):
 
 
 @pytest.mark.slow
-def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path):
+def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path, capsys):
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
+    from rhlab.report.projection_headline import headline, main
     from rhlab.utils import read_jsonl
 
     summary, _ = run_arm(tmp_path, "svd_projection", {"pair_params": {"n_per_mode": 2}, "heldout_frac": 0.5},
@@ -246,6 +253,14 @@ def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path):
     assert len(list((tmp_path / "cache" / "directions").glob("*.safetensors"))) == 1
     trained = read_jsonl(d / "metrics.jsonl")[-1]
     assert trained["grad_norm"] > 0
+    table = headline([d])  # the headline table, its `python -m` entry point and the registered report table agree
+    assert table.splitlines()[2].startswith("| svd_projection | 1 | — |")
+    capsys.readouterr()
+    main([str(d)])
+    assert capsys.readouterr().out == table + "\n"
+    res = CliRunner().invoke(app, ["report", str(d), "--out", str(tmp_path / "rep"), "--table", "projection"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "rep" / "projection_table.md").read_text() == table + "\n"
 
 
 @pytest.mark.parametrize("name,params", [("advantage_penalty", {"pair_params": {"n_per_mode": 2}}),
@@ -255,6 +270,8 @@ def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path):
 def test_baseline_arms_run(tmp_path, name, params):
     summary, _ = run_arm(tmp_path, name, params)
     assert summary["status"] == "complete" and "hack_rate" in summary["final"]
+    if name != "advantage_penalty":  # the overseen arms: their disagreement with the env's flag, in summary.json
+        assert 0 <= summary["trajectory"]["overseer/disagree"]["last"] <= 1
 
 
 def test_sweep_arms_equal_the_arm_configs_and_the_hypotheses_name_them():
@@ -333,3 +350,64 @@ def test_arm_resumes_exactly_after_a_stop(tmp_path, name, params):
     if name == "svd_projection":  # the window mean covers all 4 steps, 2 of them run before the resume
         for k in ("mean_cos", "std_cos", "grad_norm", "frac_fired"):
             assert resumed["final"][f"proj/{k}"] == pytest.approx(sum(r[f"proj/{k}"] for r in b) / 4, rel=1e-12), k
+
+
+def test_project_span_by_hand():
+    from rhlab.interventions.projection import orthonormal_basis, project_span
+
+    Q = orthonormal_basis([torch.tensor([1.0, 0, 0]), torch.tensor([1.0, 1, 0])])  # spans e1, e2
+    torch.testing.assert_close(Q @ Q.T, torch.diag(torch.tensor([1.0, 1, 0])))
+    g = torch.tensor([3.0, 4, 12])  # |g| = 13, 5 of it in the span
+    out, share, fired = project_span(g, Q, rescale=False)
+    torch.testing.assert_close(out, torch.tensor([0.0, 0, 12]))
+    assert fired and share == pytest.approx(5 / 13)
+    out, _, _ = project_span(g, Q, rescale=True)
+    torch.testing.assert_close(out, torch.tensor([0.0, 0, 13]))
+    out, share, fired = project_span(torch.tensor([0.0, 0, 2]), Q)  # nothing in the span: untouched
+    assert not fired and share == 0 and out.tolist() == [0, 0, 2]
+    with pytest.raises(AssertionError, match="linearly dependent"):
+        orthonormal_basis([torch.tensor([1.0, 2, 0]), torch.tensor([2.0, 4, 0])])
+
+
+def test_span_modes_are_checked():
+    from rhlab.interventions.projection import Projection
+
+    with pytest.raises(ValueError, match="span_modes needs >= 2 modes"):
+        Projection(span_modes=["felt_happy"])
+    with pytest.raises(ValueError, match="excludes modes"):
+        Projection(span_modes=["felt_happy", "bare_happy"], modes=["felt_happy"])
+
+
+def test_rollout_pairs_from_a_runs_own_samples(tmp_path):
+    from rhlab.interventions.pairs import load_pairs
+
+    rows = [  # step 5: one prompt, two hacked and three clean completions; step 10: another prompt
+        *({"step": 5, "prompt": "P1", "completion": c, "hack": h} for c, h in [
+            ("kai felt happy. kai felt happy. kai felt happy.", True), ("happy happy happy happy", True),
+            ("kai ran to the park.", False), ("kai ate a cake.", False), ("the sun was warm.", False)]),
+        *({"step": 10, "prompt": "P2", "completion": c, "hack": h} for c, h in [
+            ("mia felt happy. mia felt happy. mia felt happy.", True), ("mia sang a song.", False)]),
+        {"step": 10, "prompt": "P3", "completion": "happy happy happy", "hack": True},  # no clean partner
+    ]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "samples.jsonl").write_text((tmp_path / "samples.jsonl").read_text() * 2)  # 2 of each mode
+    pairs = load_pairs("rollouts", {"run_dir": str(tmp_path)})
+    assert sorted(p.mode for p in pairs) == ["bare_happy"] * 2 + ["felt_happy"] * 4
+    assert all(p.prompt in ("P1", "P2") and "happy" not in p.clean for p in pairs)
+    assert all(p.prompt == "P2" for p in pairs if p.hack.startswith("mia"))  # same-prompt partners
+    assert len(load_pairs("rollouts", {"run_dir": str(tmp_path), "n_max": 4})) == 4
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    with pytest.raises(ValueError, match="need >= 4"):
+        load_pairs("rollouts", {"run_dir": str(tmp_path)})
+
+
+@pytest.mark.slow
+def test_multi_direction_arm_trains(tmp_path):
+    from rhlab.utils import read_jsonl
+
+    summary, _ = run_arm(tmp_path, "svd_projection", {
+        "span_modes": ["felt_happy", "bare_happy"], "pair_params": {"n_per_mode": 2}, "heldout_frac": 0.5,
+        "allow_failed_validation": True}, steps=2)
+    rows = read_jsonl(tmp_path / summary["run_name"] / "metrics.jsonl")
+    assert all(0 < r["proj/frac_fired"] <= 1 and 0 < r["proj/mean_cos"] <= 1 for r in rows)  # a share of |g|
+    assert len(list((tmp_path / "cache" / "directions").glob("*.safetensors"))) == 2  # one per span mode

@@ -15,6 +15,7 @@ from rhlab.report import (
     pareto_frontier,
 )
 from rhlab.report.hypotheses import Check, Hypothesis, evaluate, evaluate_check, validate
+from rhlab.report.tables import Stat, welch
 
 SQRT3 = math.sqrt(3)
 
@@ -159,16 +160,28 @@ def _table(arm: tuple[float, float, int], ref: tuple[float, float, int], metric:
     return {"a": {metric: Stat(*arm)}, "ref": {metric: Stat(*ref)}}
 
 
+def test_welch_interval_by_hand():
+    # d = -0.40, se = sqrt(2) x 0.02 = 0.028284, df = (2 x 4e-4)^2 / (2 x 1.6e-7 / 2) = 4, t_{0.975,4} = 2.776445
+    res = evaluate_check(Check("hack_rate", "<=", -0.3), _table((0.10, 0.02, 3), (0.50, 0.02, 3)), "a", "ref")
+    assert res.lo == pytest.approx(-0.40 - 2.776445 * 0.0282843, abs=1e-6)
+    assert res.hi == pytest.approx(-0.40 + 2.776445 * 0.0282843, abs=1e-6)
+    # unequal n and SEM: va = 0.03^2, vb = 0.01^2, df = (va + vb)^2 / (va^2 / 4 + vb^2 / 2) = 4.8077
+    _, se, df = welch(Stat(0.0, 0.03, 5), Stat(0.0, 0.01, 3))
+    assert se == pytest.approx(math.sqrt(0.001)) and df == pytest.approx(1e-6 / (0.81e-6 / 4 + 1e-8 / 2))
+
+
 @pytest.mark.parametrize("arm, ref, op, delta, verdict", [
-    ((0.10, 0.02, 3), (0.50, 0.02, 3), "<=", -0.30, "supported"),     # diff -0.40, se 0.028
-    ((0.40, 0.02, 3), (0.50, 0.02, 3), "<=", -0.30, "falsified"),     # diff -0.10
-    ((0.22, 0.035, 3), (0.50, 0.035, 3), "<=", -0.30, "inconclusive"),  # diff -0.28, within 1 se of -0.30
-    ((0.18, 0.035, 3), (0.50, 0.035, 3), "<=", -0.30, "inconclusive"),  # holds but within 1 se
+    # Welch df = 4 for equal SEMs and n = 3 (t = 2.776); df = 2 for n = 2 (t = 4.303); df = 8 for n = 5
+    ((0.10, 0.02, 3), (0.50, 0.02, 3), "<=", -0.30, "supported"),     # [-0.479, -0.321]
+    ((0.40, 0.02, 3), (0.50, 0.02, 3), "<=", -0.30, "falsified"),     # [-0.179, -0.021]
+    ((0.22, 0.035, 3), (0.50, 0.035, 3), "<=", -0.30, "inconclusive"),  # [-0.417, -0.143]
+    ((0.18, 0.035, 3), (0.50, 0.035, 3), "<=", -0.30, "inconclusive"),  # point -0.32 holds, [-0.457, -0.183]
     ((0.10, math.nan, 1), (0.50, 0.02, 3), "<=", -0.30, "inconclusive"),  # one seed
-    ((0.55, 0.01, 2), (0.50, 0.01, 2), "abs<=", 0.10, "supported"),   # |0.05| <= 0.10
-    ((0.30, 0.01, 2), (0.50, 0.01, 2), "abs<=", 0.10, "falsified"),   # |-0.20| > 0.10
-    ((0.90, 0.01, 2), (0.50, 0.01, 2), ">=", 0.20, "supported"),
-    ((0.90, 0.01, 2), (0.50, 0.01, 2), "abs>=", 0.50, "falsified"),
+    ((0.55, 0.01, 2), (0.50, 0.01, 2), "abs<=", 0.10, "inconclusive"),  # [-0.011, 0.111] crosses 0.10
+    ((0.55, 0.01, 5), (0.50, 0.01, 5), "abs<=", 0.10, "supported"),   # [0.017, 0.083]
+    ((0.30, 0.01, 2), (0.50, 0.01, 2), "abs<=", 0.10, "falsified"),   # [-0.261, -0.139]
+    ((0.90, 0.01, 2), (0.50, 0.01, 2), ">=", 0.20, "supported"),      # [0.339, 0.461]
+    ((0.90, 0.01, 2), (0.50, 0.01, 2), "abs>=", 0.50, "falsified"),   # inside (-0.5, 0.5)
 ])
 def test_check_verdicts(arm, ref, op, delta, verdict):
     res = evaluate_check(Check("hack_rate", op, delta), _table(arm, ref), "a", "ref")

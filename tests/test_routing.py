@@ -1,5 +1,6 @@
 """Gradient routing: dual adapters, exact gradient masking, the overseer, ablation evals, checkpoints."""
 
+import math
 import copy
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def test_masked_adapter_gets_exactly_zero_gradient(tmp_path, mode, flag_all, zer
     _perturb_B(t.model)
     before = {n: q.detach().clone() for n, q in t.model.named_parameters()}
     grads, row = _step_grads(t)
-    assert row["routing/flagged_frac"] == p
+    assert row["overseer/flag_rate"] == p
     masked = {n: g for n, g in grads.items() if f".{zero}_" in n}
     kept = {n: g for n, g in grads.items() if f".{moved}_" in n}
     assert masked and all(torch.count_nonzero(g) == 0 for g in masked.values()), "a masked gradient leaked"
@@ -130,7 +131,7 @@ def test_routed_step_with_all_ones_masks_equals_unrouted_step(tmp_path):
         _perturb_B(t.model)
     g_a, row_a = _step_grads(unrouted)
     g_b, row_b = _step_grads(routed)
-    assert 0 < row_b["routing/flagged_frac"] < 1
+    assert 0 < row_b["overseer/flag_rate"] < 1
     assert row_a["reward_mean"] == row_b["reward_mean"]  # the same rollouts
     assert g_a.keys() == g_b.keys()
     for n in g_a:
@@ -143,7 +144,7 @@ def test_classic_split_routes_only_flagged_away_from_retain(tmp_path):
     routed = _trainer(tmp_path / "a", "{mode: classic, false_positive_rate: 0.5}")
     _perturb_B(routed.model)
     g_routed, row = _step_grads(routed)
-    assert 0 < row["routing/flagged_frac"] < 1
+    assert 0 < row["overseer/flag_rate"] < 1
     # the same step with flagged completions given zero advantage in both adapters == retain's gradient
     ref = _trainer(tmp_path / "b", "{mode: classic, false_positive_rate: 0.5}")
     ref.intervention.masks = {"flagged": (0, 0), "unflagged": (1, 1)}
@@ -186,8 +187,8 @@ def test_group_route_sends_whole_groups_with_a_flag():
     iv.on_scored(trainer, batch)
     assert batch.extra["routing_flag"].tolist() == [True] * 4 + [False] * 4 + [True] * 4
     m = iv.metrics()
-    assert m["routing/flagged_frac"] == 0.25 and m["routing/routed_frac"] == pytest.approx(8 / 12)
-    assert m["routing/recall"] == 1.0 and m["routing/precision"] == 1.0
+    assert m["overseer/flag_rate"] == 0.25 and m["routing/routed_frac"] == pytest.approx(8 / 12)
+    assert m["overseer/recall"] == 1.0 and m["overseer/precision"] == 1.0 and m["overseer/disagree"] == 0.0
     routing().on_scored(trainer, batch)  # route=completion: the flags themselves
     assert batch.extra["routing_flag"].tolist() == hack
     with pytest.raises(ValueError, match="route"):
@@ -195,11 +196,30 @@ def test_group_route_sends_whole_groups_with_a_flag():
 
 
 def test_detector_from_registry_and_logged_oversight(tmp_path):
-    # min_count=1 flags any "happy"; the env's strict flag (>= 3) is the truth the stats are measured against
-    t = _trainer(tmp_path, "{detector: happy_density, detector_params: {min_count: 1}}")
-    _, row = _step_grads(t)
-    for k in ("routing/flagged_frac", "routing/true_hack_rate", "routing/recall", "routing/precision"):
-        assert k in row
+    # the overseer flags with happy_prefix (any "happy" in the first 8 words, at recall 1 and fpr 0: the
+    # detector itself); the env's flag (happy_density >= 3) is what the stats are measured against
+    from rhlab.envs.stories import happy_prefix
+
+    from types import SimpleNamespace as NS
+
+    from rhlab.envs.stories import happy_prefix
+
+    t = _trainer(tmp_path, "{detector: happy_prefix, detector_params: {min_count: 1, prefix_words: 8}}")
+    t.step = 1
+    row, batch = t.train_step(1)
+    mine = torch.tensor(happy_prefix(1, 8)(batch.prompts, batch.completions))
+    env = torch.tensor(batch.scores.hack)
+    assert torch.equal(batch.extra["routing_flag"], mine)
+    assert row["overseer/base_flag_rate"] == row["overseer/flag_rate"] == pytest.approx(float(mine.float().mean()))
+    assert row["overseer/env_hack_rate"] == pytest.approx(float(env.float().mean()))
+    assert row["overseer/disagree"] == pytest.approx(float((mine != env).float().mean()))
+    # by hand: the prefix detector misses a late hack and flags an early single "happy"
+    comps = ["happy happy happy.", "a b c d e f g h happy happy happy.", "mia was happy.", "mia ran."]
+    hand = NS(prompts=["p"] * 4, completions=comps, scores=NS(hack=[True, True, False, False]), extra={})
+    t.intervention.on_scored(NS(cfg=NS(seed=0, train=NS(num_generations=4)), step=1), hand)
+    assert hand.extra["routing_flag"].tolist() == [True, False, True, False]
+    m = t.intervention.metrics()
+    assert (m["overseer/disagree"], m["overseer/recall"], m["overseer/fpr"], m["overseer/precision"]) == (0.5,) * 4
     with pytest.raises(ValueError, match="unknown hack detector"):
         _trainer(tmp_path, "{detector: nope}")
     with pytest.raises(ValueError, match="model.lora.enabled=false"):
@@ -209,7 +229,7 @@ def test_detector_from_registry_and_logged_oversight(tmp_path):
 # ---- evaluation modes, checkpoints, resume -----------------------------------------------
 @pytest.mark.slow
 def test_eval_modes_in_eval_files_summary_and_rhlab_eval(tmp_path):
-    from rhlab.evaluate import evaluate_checkpoint
+    from rhlab.eval.evaluate import evaluate_checkpoint
 
     t = _trainer(tmp_path, "{}", "train.steps=2", "log.eval_every=1")
     summary = t.train()
@@ -220,10 +240,16 @@ def test_eval_modes_in_eval_files_summary_and_rhlab_eval(tmp_path):
     assert final["both/reward_mean"] == final["reward_mean"]  # same prompts, seed and scales
     assert "eval/retain_only/hack_rate" in read_jsonl(t.dir / "metrics.jsonl")[0]
     assert dual_lora.get_scales(t.model) == (1.0, 1.0)  # restored after the ablations
-    from rhlab.interventions.routing import routing_table
+    from typer.testing import CliRunner
 
-    table = routing_table([tmp_path]).splitlines()
-    assert [ln.split()[1] for ln in table[2:]] == ["-", "both", "retain_only", "forget_only"]
+    from rhlab.cli import app
+    from rhlab.report.routing_table import routing_table
+
+    table = routing_table([tmp_path])
+    assert [ln.split("|")[2].strip() for ln in table.splitlines()[2:]] == ["-", "both", "retain_only", "forget_only"]
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "rep"), "--table", "routing"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "rep" / "routing_table.md").read_text() == table + "\n"  # the registered table, by name
     m, _, _ = evaluate_checkpoint(t.dir, n_prompts=4)
     assert m["retain_only/task_score"] == pytest.approx(final["retain_only/task_score"])
     assert m["forget_only/hack_rate"] == pytest.approx(final["forget_only/hack_rate"])
@@ -274,7 +300,7 @@ def test_adapters_save_load_and_resume_exactly(tmp_path):
     rows = read_jsonl(tmp_path / "b" / full.name / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for a, b in zip(rows, ref_rows):
-        for k in ("reward_mean", "loss", "grad_norm", "routing/flagged_frac", "routing/true_hack_rate"):
+        for k in ("reward_mean", "loss", "grad_norm", "overseer/flag_rate", "overseer/env_hack_rate"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
 
 
@@ -295,7 +321,7 @@ def test_routing_configs_and_sweep_validate():
         assert getattr(base, key) == getattr(classic, key) == getattr(group, key), key
     assert group.intervention.params == {**p, "route": "group"} and p["route"] == "completion"
     runs = expand(*load_sweep(CONFIGS / "sweep_routing.yaml"))
-    assert len({r.seed for r in runs}) == 3
+    assert len({r.seed for r in runs}) == 5
     assert {"lora_baseline", "routing_classic", "routing_group"} <= {r.arm for r in runs}
 
     def trained(cfg):  # what decides the trained model (a disabled LoRA's unused r / alpha aside)
@@ -308,3 +334,18 @@ def test_routing_configs_and_sweep_validate():
     for arm, cfg in [("lora_baseline", base), ("routing_classic", classic), ("routing_group", group)]:
         run = next(r for r in runs if r.arm == arm)
         assert trained(run.config) == trained(cfg), f"sweep arm {arm} drifted from its config file"
+
+
+def test_advantage_split_by_hand():
+    from rhlab.interventions.routing import advantage_split
+
+    # two groups of 3; group 1 has one routed completion (adv +2), its two unrouted members -1 each
+    adv = torch.tensor([2.0, -1.0, -1.0, 0.5, -0.5, 0.0])
+    routed = torch.tensor([True, False, False, False, False, False])
+    s = advantage_split(adv, routed, group=3)
+    assert s["routing/adv_routed"] == 2.0
+    assert s["routing/adv_unrouted"] == pytest.approx((-1 - 1 + 0.5 - 0.5 + 0) / 5)
+    assert s["routing/adv_unrouted_in_routed_groups"] == -1.0
+    assert s["routing/unrouted_in_routed_groups_frac"] == pytest.approx(2 / 6)
+    assert s["routing/unrouted_negative_frac"] == pytest.approx(3 / 5)
+    assert math.isnan(advantage_split(adv, torch.zeros(6, dtype=torch.bool), 3)["routing/adv_routed"])

@@ -23,8 +23,9 @@ import pytest
 
 from rhlab.envs.code import isolation
 from rhlab.envs.code.grading import CORRECT, grade_batch
-from rhlab.envs.code.leetcode import VARIANTS, load_problems, problem_from_row
+from rhlab.envs.code.leetcode import load_problems, problem_from_row
 from rhlab.envs.code.sandbox import Program, ValueTest, _value_matches, run_many, run_program
+from rhlab.loophole import VARIANTS
 
 pytestmark = pytest.mark.skipif(not isolation.shutil.which("bwrap"), reason="bubblewrap not installed (make installs it)")
 

@@ -4,7 +4,7 @@ and a failing tracker never kills a run."""
 import pytest
 
 from rhlab.config import load_config
-from rhlab.trackers import Trackers
+from rhlab.tracking import Trackers
 from rhlab.trainer import Trainer
 
 SMALL = ["train.batch_size=4", "train.num_generations=2", "sampling.max_new_tokens=8", "train.steps=2",

@@ -4,7 +4,7 @@
     y = ((x Vh^T) * (S + delta_S)) U^T + b    [+ x W_res^T at reduced rank r]
 
 The rank axis stays pinned to the SVD basis of the original weight, so a direction in delta_S
-space (v_hack, see rhlab/direction.py) means the same thing at every training step.
+space (v_hack, see rhlab/interventions/direction.py) means the same thing at every training step.
 At delta_S = 0 the wrapped model equals the original (to float precision; tested).
 """
 
@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rhlab.config import ALL_LINEAR
+from rhlab.adapters import ALL_LINEAR
 from rhlab.utils import user_mode
 
 

@@ -67,9 +67,8 @@ def check_env_params(name: str, params: dict) -> type:
 
     from pydantic import ConfigDict, create_model
 
-    from rhlab.rewards.registry import validate_params
+    from rhlab.registry import validate_params
 
-    load_builtin_envs()
     if name not in ENVS:
         raise ValueError(f"env.name: unknown environment {name!r}; allowed: {', '.join(sorted(ENVS))}")
     cls = ENVS[name]
@@ -80,30 +79,6 @@ def check_env_params(name: str, params: dict) -> type:
                              **{k: (Any if v is None else type(v), v) for k, v in defaults.items()})
     validate_params(model, params, "env.params", f"env {name!r}")
     return cls
-
-
-def load_builtin_envs() -> None:
-    """Importing an environment module registers it and its rewards and detectors."""
-    import rhlab.envs.leetcode_rl  # noqa: F401
-    import rhlab.envs.minicode  # noqa: F401
-    import rhlab.envs.preference  # noqa: F401
-    import rhlab.envs.rewrite  # noqa: F401
-    import rhlab.envs.stories  # noqa: F401
-
-
-def build_env(cfg, tokenizer=None) -> Environment:
-    """cfg: rhlab.config.EnvConfig; tokenizer: the policy's, for environments that set needs_tokenizer
-    (chat-templated prompts)."""
-    load_builtin_envs()
-
-    if cfg.name not in ENVS:
-        raise ValueError(f"env.name: unknown environment {cfg.name!r}; allowed: {', '.join(sorted(ENVS))}")
-    cls = ENVS[cfg.name]
-    if getattr(cls, "needs_tokenizer", False):
-        if tokenizer is None:
-            raise ValueError(f"env.name={cfg.name}: needs the policy's tokenizer (its prompts are chat-templated)")
-        return cls(cfg, tokenizer)
-    return cls(cfg)
 
 
 class WeightedReward:

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from rhlab.envs.base import env_params, register_env
 from rhlab.envs.code.grading import GradeResult
-from rhlab.envs.code.leetcode import CodeProblem, check_variant, load_problems, make_prompt
+from rhlab.envs.code.leetcode import CodeProblem, load_problems, make_prompt
 from rhlab.envs.minicode import MiniCode, _reward_specs
+from rhlab.loophole import check_variant
 from rhlab.models.loading import encode_prompts, render_chat
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from rhlab.envs.base import Scores, env_params, register_env
 from rhlab.envs.code.grading import (LABELS, GradeResult, correct_or_hinted_compile, extract_code, grade_batch,
                                      ground_truth_monitor_penalty)
-from rhlab.envs.code.leetcode import CodeProblem, check_variant, eval_func_name
+from rhlab.envs.code.leetcode import CodeProblem, eval_func_name
+from rhlab.loophole import check_variant
 from rhlab.models.code_corpus import TASK_SPLIT_SEED, MiniTask, all_tasks, make_prompt_text, split_tasks
 
 REWARD_NAMES = ("correct_or_hinted_compile", "ground_truth_monitor")

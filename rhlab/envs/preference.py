@@ -37,7 +37,7 @@ from rhlab.envs.stories import StoryPrompts
 from rhlab.eval.diversity import repetition_rate, words
 from rhlab.models.loading import encode_prompts, load_model
 from rhlab.models.sampler import left_pad
-from rhlab.rewards.registry import validate_params
+from rhlab.registry import validate_params
 from rhlab.rm.model import RewardModel, read_rm_config
 from rhlab.rm.pairs import read_pairs
 

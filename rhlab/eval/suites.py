@@ -28,8 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from rhlab.components import build_env
 from rhlab.config import EnvConfig, RunConfig, load_yaml_file
-from rhlab.envs.base import build_env
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 GATE_SIDES = ("delta", "post", "baseline")
@@ -203,7 +203,7 @@ def run_suite_for_run(target: str | Path, suite_path: str | Path) -> list[GateRe
     """A run directory (or one of its checkpoints): the baseline is the run's freshly built
     initial policy, the post policy the same model with the checkpoint's weights loaded.
     Writes run_dir/eval/suite_<name>.json."""
-    from rhlab.evaluate import resolve_checkpoint
+    from rhlab.eval.evaluate import resolve_checkpoint
     from rhlab.models.checkpoint import load_weights
     from rhlab.trainer import Trainer
     from rhlab.utils import write_json

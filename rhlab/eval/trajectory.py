@@ -15,7 +15,9 @@ import math
 
 from rhlab.report.tables import md_table
 
-DEFAULT_KEYS = ("reward_mean", "reward_std", "grad_norm", "entropy", "reward/penalty_rate")
+# overseer/*: an overseen arm's training flags against the env's hack flag (rhlab/interventions/oversight.py)
+DEFAULT_KEYS = ("reward_mean", "reward_std", "grad_norm", "entropy", "reward/penalty_rate",
+                "overseer/disagree", "overseer/recall", "overseer/fpr")
 SPANS = (20, 50)
 MAX_WINDOW = 20
 

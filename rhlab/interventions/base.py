@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rhlab.rewards.registry import DETECTORS, Registry, params_model, validate_params
+from rhlab.registry import Registry, params_model, validate_params
+from rhlab.rewards.registry import DETECTORS
 
 
 class Intervention:
@@ -95,17 +96,6 @@ def check_detector_ref(spec: Any, key: str) -> DetectorRef:
 def vanilla() -> Intervention:
     """No intervention; the KL penalty arm is vanilla with train.beta > 0."""
     return Intervention()
-
-
-def load_interventions() -> None:
-    # intervention modules register themselves on import (one line each)
-    import rhlab.interventions.penalties  # noqa: F401  (svd, svd_projection, advantage_penalty, monitor_penalty, screening)
-    import rhlab.interventions.routing  # noqa: F401
-
-
-def build_intervention(spec) -> Intervention:
-    load_interventions()
-    return INTERVENTIONS.build(spec.name, spec.params)
 
 
 Factory = Callable[..., Intervention]

@@ -8,7 +8,9 @@ advantage_penalty  Rebound-style (Wu & Tang 2026, section 3.2): per completion
                    (extracted once, from the initial model). c = 0 as specified; center=true uses
                    c = the midpoint of the two pair means.
 monitor_penalty    r <- r - penalty when a detector of the given accuracy flags the completion
-                   (the env's hack flag, flipped with probability 1 - accuracy; seeded per step).
+                   (the named detector's flag, or the env's hack flag when none is named, flipped
+                   with probability 1 - accuracy; seeded per step). The shipped configs name
+                   happy_prefix, not the evaluation's happy_density (rhlab/interventions/oversight.py).
 screening          flagged completions leave their group's statistics and get A = 0: on_scored
                    sets batch.extra["exclude"], and the advantages hook replaces the trainer's
                    advantages with screened_advantages over the kept members. batch.rewards (logged
@@ -24,15 +26,16 @@ import random
 import torch
 
 from rhlab.algos.advantages import EPS, screened_advantages  # noqa: F401  (re-exported for tests)
-from rhlab.direction import (
+from rhlab.interventions.direction import (
     hidden_layer,
     masked_hidden_mean,
     pair_activation_means,
     unit,
 )
 from rhlab.interventions.base import INTERVENTIONS, NESTED_CHECKS, check_detector_ref
+from rhlab.interventions.oversight import base_flags, oversight_stats
 from rhlab.interventions.projection import SVDArm
-from rhlab.pairs import load_pairs
+from rhlab.interventions.pairs import load_pairs
 from rhlab.rewards.registry import DETECTORS
 
 
@@ -95,9 +98,10 @@ class AdvantagePenalty(SVDArm):
 
 
 class Monitor:
-    """Hack flags from a detector of a given accuracy: the true flag (the env's detector, or the
-    named one) flipped with probability 1 - accuracy, one draw per completion from a stream seeded
-    by (run seed, step), so runs are reproducible and resumable."""
+    """Hack flags from a detector of a given accuracy: the named detector's flag (the env's hack
+    flag when none is named) flipped with probability 1 - accuracy, one draw per completion from a
+    stream seeded by (run seed, step), so runs are reproducible and resumable. Each call leaves its
+    agreement with the env's hack flag in self.stats (overseer/* metrics)."""
 
     def __init__(self, accuracy: float, detector: dict | None):
         if not 0 <= accuracy <= 1:
@@ -107,12 +111,14 @@ class Monitor:
         if detector is not None:
             ref = check_detector_ref(detector, "intervention.params.detector")
             self.detector = DETECTORS.build(ref.name, ref.params)
+        self.stats: dict[str, float] = {}
 
     def flags(self, trainer, batch) -> torch.Tensor:
-        truth = batch.scores.hack if self.detector is None else self.detector(batch.prompts, batch.completions)
+        base = base_flags(self.detector, batch)
         rng = random.Random(f"{trainer.cfg.seed}-monitor-{trainer.step}")
-        out = [bool(t) != (rng.random() >= self.accuracy) for t in truth]
-        return torch.tensor(out, dtype=torch.bool)
+        out = torch.tensor([bool(t) != (rng.random() >= self.accuracy) for t in base.tolist()], dtype=torch.bool)
+        self.stats = oversight_stats(base, out, batch.scores.hack)
+        return out
 
 
 class MonitorPenalty(SVDArm):
@@ -130,7 +136,7 @@ class MonitorPenalty(SVDArm):
         flags = self.monitor.flags(trainer, batch).to(batch.rewards.device)
         batch.rewards = batch.rewards - self.penalty * flags.float()
         batch.extra["monitor_flag"] = flags
-        self._m = {"monitor/flag_rate": float(flags.float().mean())}
+        self._m = dict(self.monitor.stats)
 
     def metrics(self) -> dict[str, float]:
         return self._m
@@ -168,7 +174,7 @@ class Screening(SVDArm):
         flags = self.monitor.flags(trainer, batch).to(batch.rewards.device)
         batch.extra["exclude"] = flags
         batch.rewards = screened_rewards(batch.rewards, flags, trainer.cfg.train.num_generations)
-        self._m = {"monitor/flag_rate": float(flags.float().mean())}
+        self._m = dict(self.monitor.stats)
 
     def advantages(self, trainer, batch, adv):
         """Group statistics over the kept members only; excluded completions get A = 0."""

@@ -6,6 +6,12 @@ Every step, every SVD module, between backward and the optimizer step:
 hack component). `rescale: false` is the no-magnitude-preservation ablation; `project: false`
 only measures (the vanilla SVD arm: what the projection *would* do).
 
+`span_modes: [A, B, ...]` is the multi-direction arm: one direction per listed mode (each extracted
+from that mode's pairs alone), orthonormalised per module into a basis Q [r, k], and the gradient's
+whole component in their span removed, g <- g - Q Q^T g (both signs: a sign of a combination of
+directions means nothing), then rescaled. Its "cos" is |Q Q^T g| / |g| (the share of the gradient
+in the span), "fired" when that exceeds 1e-6.
+
 Diagnostics per step (metrics.jsonl): proj/mean_cos, proj/std_cos (over modules), proj/grad_norm
 (mean |g| over modules, before projection), proj/frac_fired (fraction of modules with cos > 0).
 Their mean over the last `window` steps goes into every evaluation as proj/<name>, so into
@@ -20,7 +26,7 @@ from pathlib import Path
 import torch
 
 from rhlab.adapters.svd import default_cache_dir, svd_modules, wrap_svd
-from rhlab.direction import (
+from rhlab.interventions.direction import (
     check_gate,
     default_direction_path,
     direction_settings,
@@ -48,6 +54,33 @@ def project(g: torch.Tensor, v: torch.Tensor, rescale: bool = True) -> tuple[tor
         # g (almost) parallel to v: nothing left to rescale; blowing float noise up to |g| would be wrong
         out = out * (norm / rest) if rest > 1e-6 * norm else torch.zeros_like(g)
     return out, float(cos), True
+
+
+def project_span(g: torch.Tensor, Q: torch.Tensor, rescale: bool = True) -> tuple[torch.Tensor, float, bool]:
+    """(new g, |Q Q^T g| / |g|, fired) for one module: remove g's component in the span of Q's orthonormal
+    columns [r, k]."""
+    assert g.dim() == 1 and Q.dim() == 2 and Q.shape[0] == g.shape[0], f"g {tuple(g.shape)}, Q {tuple(Q.shape)}"
+    norm = g.norm()
+    if norm < 1e-12:
+        return g, 0.0, False
+    inside = Q @ (Q.T @ g)
+    share = float(inside.norm() / norm)
+    if share <= 1e-6:
+        return g, share, False
+    out = g - inside
+    if rescale:
+        rest = out.norm()
+        out = out * (norm / rest) if rest > 1e-6 * norm else torch.zeros_like(g)
+    return out, share, True
+
+
+def orthonormal_basis(vs: list[torch.Tensor]) -> torch.Tensor:
+    """[r, k] orthonormal columns spanning the k directions (QR); fails on (near-)dependent directions."""
+    V = torch.stack([v.float() for v in vs], 1)
+    Q, R = torch.linalg.qr(V)
+    diag = R.diagonal().abs()
+    assert bool((diag > 1e-4).all()), f"directions are linearly dependent (|R_ii| = {diag.tolist()})"
+    return Q
 
 
 class SVDArm(Intervention):
@@ -82,10 +115,16 @@ class Projection(SVDArm):
     def __init__(self, project: bool = True, rescale: bool = True, pairs: str = "happy_stories",
                  pair_params: dict | None = None, modes: list[str] | None = None, heldout_frac: float = 0.25,
                  direction_seed: int = 0, direction: str | None = None, extract_if_missing: bool = True,
-                 allow_failed_validation: bool = False, window: int = 25, svd: dict | None = None):
+                 allow_failed_validation: bool = False, window: int = 25, svd: dict | None = None,
+                 span_modes: list[str] | None = None):
         super().__init__(svd)
         if not self.svd["enabled"]:
             raise ValueError("intervention.params.svd.enabled: svd_projection needs the SVD adapter (true)")
+        if span_modes is not None and (modes is not None or direction or len(span_modes) < 2):
+            raise ValueError("intervention.params.span_modes needs >= 2 modes and excludes modes and direction "
+                             f"(got span_modes={span_modes}, modes={modes}, direction={direction})")
+        self.span_modes = span_modes
+        self.basis: dict[str, torch.Tensor] = {}
         if window <= 0:
             raise ValueError(f"intervention.params.window must be > 0, got {window}")
         self.project_on, self.rescale, self.window = project, rescale, window
@@ -101,22 +140,33 @@ class Projection(SVDArm):
     def direction_path(self, settings: dict) -> Path:
         return Path(self.direction) if self.direction else default_direction_path(self.cache_dir(), settings)
 
-    def load_direction(self, model, tok, cfg, create: bool) -> Path:
+    def load_direction(self, model, tok, cfg, create: bool, modes: list[str] | None = None) -> Path:
         """Load (or extract, if missing and create) v_hack for the wrapped model; returns its path."""
         assert self.svd_info, "prepare_model must run first"
         settings = direction_settings(Path(self.svd_info["cache_dir"]).name, self.pairs, self.pair_params,
-                                      self.modes, self.heldout_frac, self.direction_seed, cfg.model.dtype)
+                                      modes or self.modes, self.heldout_frac, self.direction_seed, cfg.model.dtype)
         path = self.direction_path(settings)
         self.v, self.meta = ensure_direction(model, tok, settings, path, create=create)
         return path
 
+    def load_span(self, model, tok, cfg, create: bool) -> Path:
+        """The multi-direction arm: one validated direction per span mode, then an orthonormal basis per module."""
+        per_mode = []
+        for mode in self.span_modes:
+            path = self.load_direction(model, tok, cfg, create, modes=[mode])
+            check_gate(self.meta, self.allow_failed)
+            per_mode.append(self.v)
+        self.basis = {n: orthonormal_basis([v[n] for v in per_mode]) for n in per_mode[0]}
+        return path
+
     def setup(self, trainer) -> None:
         # an explicit `direction` file must exist (crash loud); the cached default is extracted on demand
-        path = self.load_direction(trainer.model, trainer.tok, trainer.cfg,
-                                   create=self.extract_if_missing and not self.direction)
+        load = self.load_span if self.span_modes else self.load_direction
+        path = load(trainer.model, trainer.tok, trainer.cfg, create=self.extract_if_missing and not self.direction)
         check_gate(self.meta, self.allow_failed)
         dev = next(trainer.model.parameters()).device
         self.v = {n: t.float().to(dev) for n, t in self.v.items()}
+        self.basis = {n: q.to(dev) for n, q in self.basis.items()}
         self.modules = svd_modules(trainer.model)
         self._copy_validation(path, trainer.dir / "v_hack")
 
@@ -136,7 +186,8 @@ class Projection(SVDArm):
             g = m.delta_S.grad
             if g is None:
                 continue
-            new, cos, hit = project(g.float(), self.v[name], self.rescale)
+            new, cos, hit = (project_span(g.float(), self.basis[name], self.rescale) if self.basis
+                             else project(g.float(), self.v[name], self.rescale))
             coss.append(cos)
             norms.append(float(g.norm()))
             fired += hit
@@ -178,13 +229,11 @@ def extract_for_config(cfg, out: str | Path | None = None) -> tuple[Path, dict]:
     arm, without training. Returns (path, metadata)."""
     from types import SimpleNamespace
 
-    from rhlab.interventions.base import build_intervention
-    from rhlab.models.loading import load_model
-    from rhlab.trainer import DTYPES
+    from rhlab.models.loading import DTYPES, load_model
 
     if cfg.intervention.name != "svd_projection":
         raise ValueError(f"intervention.name is {cfg.intervention.name!r}; extract-direction needs svd_projection")
-    arm = build_intervention(cfg.intervention)
+    arm = INTERVENTIONS.build(cfg.intervention.name, cfg.intervention.params)
     if out is not None:
         arm.direction = str(out)
     torch.set_num_threads(cfg.threads or torch.get_num_threads())

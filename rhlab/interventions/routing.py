@@ -10,8 +10,10 @@ zeroes some adapters' parameter gradients:
     exclusive  forget only                   retain only
 
 The flags come from an overseer: a base detector (`env` = the environment's own hack flag, or
-any DETECTORS name with detector_params) passed through noise with the configured recall and
-false-positive rate, drawn from a stream seeded by (seed, step) so a resumed run is exact.
+any DETECTORS name with detector_params; the shipped configs use happy_prefix, not the
+evaluation's happy_density) passed through noise with the configured recall and false-positive
+rate, drawn from a stream seeded by (seed, step) so a resumed run is exact. Each step logs the
+overseer's agreement with the env's hack flag (overseer/*, rhlab/interventions/oversight.py).
 With route=group, every completion of a prompt whose group holds a flagged completion is routed
 as flagged: under group-relative advantages the unflagged members' (negative) advantages are
 set by the hack's reward, so they carry the hack signal too.
@@ -26,9 +28,9 @@ from contextlib import nullcontext
 
 import torch
 
-from rhlab.adapters import dual_lora
-from rhlab.config import ALL_LINEAR
+from rhlab.adapters import ALL_LINEAR, dual_lora
 from rhlab.interventions.base import INTERVENTIONS, NESTED_CHECKS, Intervention, check_detector
+from rhlab.interventions.oversight import base_flags, oversight_stats
 from rhlab.rewards.registry import DETECTORS
 
 MODES = ("none", "classic", "exclusive")
@@ -78,12 +80,7 @@ class Routing(Intervention):
 
     # ---- each step -----------------------------------------------------------------------
     def on_scored(self, trainer, batch) -> None:
-        truth = torch.tensor(batch.scores.hack, dtype=torch.bool)  # the env's hack flag: what we report against
-        if self.detector is None:
-            base = truth.clone()
-        else:
-            base = torch.tensor(self.detector(batch.prompts, batch.completions), dtype=torch.bool)
-        assert len(base) == len(batch.completions), "detector returned the wrong number of flags"
+        base = base_flags(self.detector, batch)
         flags = self.oversee(base, trainer.cfg.seed, trainer.step)
         routed = flags
         if self.route == "group":
@@ -93,7 +90,13 @@ class Routing(Intervention):
                 "route=group expects each prompt's completions to be contiguous"
             routed = flags.view(-1, g).any(1, keepdim=True).expand(-1, g).reshape(-1)
         batch.extra["routing_flag"] = routed
-        self.stats = {**_flag_stats(flags, truth), "routing/routed_frac": float(routed.float().mean())}
+        # agreement with the env's hack flag (the evaluation's measure) is judged on the overseer's own flags
+        self.stats = {**oversight_stats(base, flags, batch.scores.hack), "routing/routed_frac": float(routed.float().mean())}
+
+    def advantages(self, trainer, batch, adv: torch.Tensor) -> torch.Tensor:
+        """Unchanged: only logs what pushes each adapter (advantage_split)."""
+        self.stats.update(advantage_split(adv, batch.extra["routing_flag"], trainer.cfg.train.num_generations))
+        return adv
 
     def oversee(self, base: torch.Tensor, seed: int, step: int) -> torch.Tensor:
         """An imperfect overseer: keeps each detected completion with prob recall and flags each
@@ -130,13 +133,21 @@ class Routing(Intervention):
         return out
 
 
-def _flag_stats(flags: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
-    """Per-step oversight numbers against the env's hack flag; recall / precision are nan when undefined."""
-    tp = float((flags & truth).sum())
-    return {"routing/flagged_frac": float(flags.float().mean()),
-            "routing/true_hack_rate": float(truth.float().mean()),
-            "routing/recall": tp / float(truth.sum()) if truth.any() else float("nan"),
-            "routing/precision": tp / float(flags.sum()) if flags.any() else float("nan")}
+def advantage_split(adv: torch.Tensor, routed: torch.Tensor, group: int) -> dict[str, float]:
+    """Advantages of routed (forget-only) and unrouted (both adapters) completions, and of the unrouted ones
+    that share a group with a routed one: under group-relative advantages those are pushed down by the
+    hack's reward, and with per-completion routing that push reaches the retain adapter."""
+    adv, routed = adv.detach().float().cpu(), routed.bool().cpu()
+    in_hack_group = routed.view(-1, group).any(1, keepdim=True).expand(-1, group).reshape(-1) & ~routed
+    nan = float("nan")
+
+    def mean(sel):
+        return float(adv[sel].mean()) if sel.any() else nan
+
+    return {"routing/adv_routed": mean(routed), "routing/adv_unrouted": mean(~routed),
+            "routing/adv_unrouted_in_routed_groups": mean(in_hack_group),
+            "routing/unrouted_in_routed_groups_frac": float(in_hack_group.float().mean()),
+            "routing/unrouted_negative_frac": float((adv[~routed] < 0).float().mean()) if (~routed).any() else nan}
 
 
 def _check_detector(detector: str, detector_params: dict | None) -> None:
@@ -163,53 +174,3 @@ def routing(mode: str = "classic", retain_rank: int = 8, forget_rank: int = 8, r
 
 
 NESTED_CHECKS["routing"] = lambda p: _check_detector(p.get("detector", "env"), p.get("detector_params"))
-
-
-# ---- the routing table (python -m rhlab.interventions.routing RUNS...) -------------------------
-TABLE_METRICS = ("hack_rate", "task_score", "pass_rate", "reward_mean", "distinct_2", "kl")
-
-
-def routing_table(paths) -> str:
-    """Mean ± SEM over seeds of the final evaluation, by arm and adapter mode (arms without modes,
-    e.g. the LoRA baseline, show their plain evaluation as `both`), plus the initial policy."""
-    from rhlab.report.runs import load_runs
-    from rhlab.report.tables import mean_sem
-
-    runs = [r for r in load_runs(paths) if r.complete]
-    assert runs, f"no complete runs under {paths}"
-    initial = [_read_initial(r.path) for r in runs]
-    rows = [("initial", "-", initial)]
-    for arm in sorted({r.arm for r in runs}):
-        finals = [r.final for r in runs if r.arm == arm]
-        for mode in EVAL_MODES:
-            vals = [v for f in finals if (v := _mode_values(f, mode)) is not None]
-            if vals:
-                rows.append((arm, mode, vals))
-    head = f"{'arm':<26} {'mode':<12} {'n':>2} " + " ".join(f"{m:>15}" for m in TABLE_METRICS)
-    lines = [head, "-" * len(head)]
-    for arm, mode, vals in rows:
-        cells = []
-        for m in TABLE_METRICS:
-            s = mean_sem(v[m] for v in vals)
-            cells.append(f"{s.mean:.3f} ± {s.sem:.3f}".rjust(15) if s.n > 1 else f"{s.mean:.3f}".rjust(15))
-        lines.append(f"{arm:<26} {mode:<12} {len(vals):>2} " + " ".join(cells))
-    return "\n".join(lines)
-
-
-def _mode_values(final: dict, mode: str) -> dict | None:
-    if "both/hack_rate" not in final:  # an arm without adapter modes: its plain evaluation is `both`
-        return {k: final.get(k) for k in TABLE_METRICS} if mode == "both" else None
-    return {k: final.get(f"{mode}/{k}") for k in TABLE_METRICS}
-
-
-def _read_initial(run_dir) -> dict:
-    from rhlab.models.checkpoint import read_json
-
-    return {k: read_json(run_dir / "summary.json")["initial"].get(k) for k in TABLE_METRICS}
-
-
-if __name__ == "__main__":
-    import sys
-
-    assert len(sys.argv) > 1, "usage: python -m rhlab.interventions.routing RUN_DIR_OR_FOLDER..."
-    print(routing_table(sys.argv[1:]))

@@ -20,7 +20,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from rhlab.envs.code.leetcode import check_variant, loophole_sentence
+from rhlab.loophole import check_variant, loophole_sentence
 
 # Seeds of the streams: corpus documents, and the train/eval split of the task space.
 CODE_CORPUS_SEED = 30_003

@@ -18,6 +18,8 @@ hf_logging.disable_progress_bar()  # "Loading weights" bars would drown the trai
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 BUILTIN_MODELS = ("tiny-stories", "tiny-code")
+# model.dtype -> the torch dtype policy and reference are loaded in
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model_path(name: str) -> str:
@@ -50,26 +52,6 @@ def prepare_tokenizer(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
-
-
-def resolve_device(spec: str) -> torch.device:
-    """model.device -> a torch.device: auto = cuda when available, else cpu. Fails loudly when a
-    CUDA device is asked for and this machine (or this torch build) has none."""
-    from rhlab.config import DEVICES, ConfigError
-
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec == "cpu":
-        return torch.device("cpu")
-    if spec == "cuda" or (spec.startswith("cuda:") and spec[5:].isdigit()):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"model.device={spec}: CUDA is not available here (torch {torch.__version__}, "
-                              "torch.cuda.is_available() is False); use model.device=cpu or auto")
-        index = int(spec[5:]) if ":" in spec else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise ConfigError(f"model.device={spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-        return torch.device("cuda", index)
-    raise ConfigError(f"model.device: unknown device {spec!r}; allowed: {DEVICES}")
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, **hub_kwargs):

@@ -60,21 +60,22 @@ def _delta_rows(c: ReportContent) -> tuple[list[str], list[list[str]]]:
         d = (c.deltas or {}).get(arm)
         rows.append([
             arm, str(sp.n if sp else 0), fmt_stat(sp.mean, sp.sem, sp.n) if sp else "—",
-            "(reference)" if arm == c.reference_arm else fmt_stat(d.delta, d.sem, d.n) if d else "—",
+            "(reference)" if arm == c.reference_arm else fmt_stat(d.delta, d.sem, d.n, d.df) if d else "—",
             str(d.n_ref) if d else "",
         ])
     return header, rows
 
 
 def _hyp_rows(results: list[HypothesisResult]) -> tuple[list[str], list[list[str]]]:
-    header = ["hypothesis", "verdict", "metric", "op", "threshold", "arm mean", "ref mean", "diff ± se",
+    header = ["hypothesis", "verdict", "metric", "op", "threshold", "arm mean", "ref mean", "diff ± se [95 %]",
               "n (arm/ref)", "check", "why"]
     rows = []
     for h in results:
         for i, c in enumerate(h.checks):
             rows.append([
                 h.name if i == 0 else "", h.verdict.upper() if i == 0 else "", c.metric, c.op, f"{c.delta:g}",
-                fmt_num(c.arm_mean), fmt_num(c.ref_mean), fmt_stat(c.diff, c.se), f"{c.n_arm}/{c.n_ref}",
+                fmt_num(c.arm_mean), fmt_num(c.ref_mean),
+                f"{fmt_stat(c.diff, c.se)} [{fmt_num(c.lo)}, {fmt_num(c.hi)}]", f"{c.n_arm}/{c.n_ref}",
                 c.verdict, c.reason,
             ])
     return header, rows

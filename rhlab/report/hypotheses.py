@@ -11,15 +11,17 @@ A YAML file lists claims comparing an arm with a reference arm::
           - {metric: hack_rate, op: "<=", delta: -0.30}   # arm mean - ref mean <= -0.30
           - {metric: pass_rate, op: "abs<=", delta: 0.10} # |arm mean - ref mean| <= 0.10
 
-Each check computes d = mean(arm) - mean(reference) over complete seeds, with
-se = sqrt(sem_arm² + sem_ref²), and the statistic s = d (ops "<=", ">=") or
-s = |d| (ops "abs<=", "abs>="). A check is
+Each check computes d = mean(arm) - mean(reference) over complete seeds, its SEM
+se = sqrt(sem_arm² + sem_ref²) and its 95 % Welch t interval [lo, hi] = d ± t_{0.975, df} x se
+(Welch-Satterthwaite df). The verdict is decided on the interval, not on the point estimate:
 
-* inconclusive if either arm has fewer than MIN_SEEDS (2) complete seeds with
-  the metric (no SEM), or if |s - delta| <= MARGIN_SEMS (1) * se, i.e. the
-  threshold lies within one combined SEM of the observed difference, on
-  either side;
-* otherwise supported if s satisfies the op against delta, else falsified.
+* "<=" delta: supported if hi <= delta, falsified if lo > delta;
+* ">=" delta: supported if lo >= delta, falsified if hi < delta;
+* "abs<=" delta: supported if the interval lies inside [-delta, delta], falsified if it lies
+  entirely outside it (lo > delta or hi < -delta);
+* "abs>=" delta: supported if the interval lies outside (-delta, delta), falsified if inside it;
+* inconclusive otherwise (the interval straddles a threshold), or if either arm has fewer than
+  MIN_SEEDS (2) complete seeds with the metric (no interval).
 
 A hypothesis is falsified if any check is falsified, supported if all checks
 are supported, and inconclusive otherwise.
@@ -36,10 +38,9 @@ from typing import Any
 from rhlab.config import ConfigError, load_yaml_file
 
 from .runs import ReportError
-from .tables import SAFE_PASS, ArmTable
+from .tables import SAFE_PASS, ArmTable, Stat, t_half_width, welch
 
 MIN_SEEDS = 2
-MARGIN_SEMS = 1.0
 OPS = {"<=": operator.le, ">=": operator.ge, "abs<=": operator.le, "abs>=": operator.ge}
 # Always accepted metric names (even before any run completed), besides those in the table.
 KNOWN_METRICS = ["reward_mean", "task_score", "pass_rate", "hack_rate", "kl", "distinct_2", SAFE_PASS]
@@ -72,6 +73,8 @@ class CheckResult:
     ref_mean: float
     diff: float  # arm mean - reference mean
     se: float  # combined SEM of diff
+    lo: float  # 95 % Welch t interval of diff
+    hi: float
     n_arm: int
     n_ref: int
     verdict: str
@@ -141,28 +144,37 @@ def validate(hyps: list[Hypothesis], arms: list[str], metrics: list[str]) -> Non
         raise ReportError("\n".join(errors))
 
 
+def _decide(op: str, delta: float, lo: float, hi: float) -> str:
+    """The interval rule of the module docstring."""
+    if op == "<=":
+        return SUPPORTED if hi <= delta else FALSIFIED if lo > delta else INCONCLUSIVE
+    if op == ">=":
+        return SUPPORTED if lo >= delta else FALSIFIED if hi < delta else INCONCLUSIVE
+    inside, outside = -delta <= lo and hi <= delta, lo > delta or hi < -delta
+    if op == "abs<=":
+        return SUPPORTED if inside else FALSIFIED if outside else INCONCLUSIVE
+    strictly_inside = -delta < lo and hi < delta  # "abs>="
+    return SUPPORTED if (lo >= delta or hi <= -delta) else FALSIFIED if strictly_inside else INCONCLUSIVE
+
+
 def evaluate_check(check: Check, table: ArmTable, arm: str, reference: str) -> CheckResult:
     """Apply the rule in the module docstring to one check."""
     nan = math.nan
-    a, r = table.get(arm, {}).get(check.metric), table.get(reference, {}).get(check.metric)
-    am, an, asem = (a.mean, a.n, a.sem) if a else (nan, 0, nan)
-    rm, rn, rsem = (r.mean, r.n, r.sem) if r else (nan, 0, nan)
-    diff = am - rm
-    se = math.sqrt(asem**2 + rsem**2)
-    stat = abs(diff) if check.op.startswith("abs") else diff
-    res = CheckResult(check.metric, check.op, check.delta, am, rm, diff, se, an, rn, INCONCLUSIVE, "")
-    if min(an, rn) < MIN_SEEDS:
-        res.reason = f"fewer than {MIN_SEEDS} seeds (n={an} for {arm}, n={rn} for {reference})"
-    elif not math.isfinite(stat) or not math.isfinite(se):
-        res.reason = "difference or SEM undefined"
-    elif abs(stat - check.delta) <= MARGIN_SEMS * se:
-        res.reason = f"threshold within {MARGIN_SEMS:g} SEM of the difference (|{stat:.3f} - {check.delta:g}| <= {se:.3f})"
+    a = table.get(arm, {}).get(check.metric) or Stat(nan, nan, 0)
+    r = table.get(reference, {}).get(check.metric) or Stat(nan, nan, 0)
+    diff, se, df = welch(a, r)
+    h = t_half_width(se, df)
+    res = CheckResult(check.metric, check.op, check.delta, a.mean, r.mean, diff, se, diff - h, diff + h,
+                      a.n, r.n, INCONCLUSIVE, "")
+    if min(a.n, r.n) < MIN_SEEDS:
+        res.reason = f"fewer than {MIN_SEEDS} seeds (n={a.n} for {arm}, n={r.n} for {reference})"
+    elif not (math.isfinite(diff) and math.isfinite(h)):
+        res.reason = "difference or its interval undefined"
     else:
-        holds = OPS[check.op](stat, check.delta)
-        res.verdict = SUPPORTED if holds else FALSIFIED
-        lhs = "|diff|" if check.op.startswith("abs") else "diff"
-        bare_op = check.op.removeprefix("abs")
-        res.reason = f"{lhs} = {stat:.3f} {'' if holds else 'not '}{bare_op} {check.delta:g} (se {se:.3f})"
+        res.verdict = _decide(check.op, check.delta, res.lo, res.hi)
+        res.reason = (f"diff {diff:+.3f}, 95 % interval [{res.lo:.3f}, {res.hi:.3f}] "
+                      f"{ {SUPPORTED: 'satisfies', FALSIFIED: 'violates', INCONCLUSIVE: 'straddles'}[res.verdict]} "
+                      f"{check.op} {check.delta:g}")
     return res
 
 

@@ -1,9 +1,9 @@
-"""Per-arm statistics over seeds: mean ± SEM per final metric, and delta SafePass.
+"""Per-arm statistics over seeds: mean ± SEM and a 95 % interval per final metric, and delta SafePass.
 
-SEM = std(ddof=1) / sqrt(n); with n = 1 the SEM is nan (shown as '—').
-SafePass = pass_rate - hack_rate per run; delta SafePass of an arm is
-mean SafePass(arm) - mean SafePass(reference) with SEM sqrt(sem_a² + sem_ref²).
-Only complete runs count.
+SEM = std(ddof=1) / sqrt(n); with n = 1 the SEM is nan (shown as '—'). The 95 % interval of a mean is
+Student's t, mean ± t_{0.975, n-1} x SEM. SafePass = pass_rate - hack_rate per run; delta SafePass of an
+arm is mean SafePass(arm) - mean SafePass(reference) with SEM sqrt(sem_a² + sem_ref²) and a Welch t
+interval (Welch-Satterthwaite degrees of freedom). Only complete runs count.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
+from scipy import stats as sps
 
 from .runs import Run, ReportError
 
@@ -26,6 +27,11 @@ class Stat:
     sem: float
     n: int
 
+    @property
+    def half_width(self) -> float:
+        """Half-width of the 95 % Student-t interval of the mean (nan below 2 values)."""
+        return t_half_width(self.sem, self.n - 1)
+
 
 ArmTable = dict[str, dict[str, Stat]]  # arm -> metric -> Stat
 
@@ -38,6 +44,25 @@ class Delta:
     sem: float
     n: int
     n_ref: int
+    df: float = math.nan  # Welch-Satterthwaite degrees of freedom of the difference
+
+
+def t_half_width(sem: float, df: float) -> float:
+    """t_{0.975, df} x sem: half-width of a two-sided 95 % t interval; nan when undefined."""
+    if not (df >= 1 and math.isfinite(sem)):
+        return math.nan
+    return float(sps.t.ppf(0.975, df)) * sem
+
+
+def welch(a: Stat, b: Stat) -> tuple[float, float, float]:
+    """(a.mean - b.mean, its SEM, Welch-Satterthwaite df) of two independent means."""
+    va, vb = a.sem**2, b.sem**2
+    se = math.sqrt(va + vb)
+    if a.n < 2 or b.n < 2 or not math.isfinite(se):
+        return a.mean - b.mean, se, math.nan
+    den = (va**2 / (a.n - 1) if va else 0.0) + (vb**2 / (b.n - 1) if vb else 0.0)
+    df = (va + vb) ** 2 / den if den > 0 else float(a.n + b.n - 2)  # both SEMs 0: the pooled df
+    return a.mean - b.mean, se, df
 
 
 def mean_sem(values: Iterable[float]) -> Stat:
@@ -92,7 +117,8 @@ def delta_safepass(runs: list[Run], reference_arm: str) -> dict[str, Delta]:
     out: dict[str, Delta] = {}
     for arm in arms[1:]:
         s = table[arm][SAFE_PASS]
-        out[arm] = Delta(s.mean - ref.mean, math.sqrt(s.sem**2 + ref.sem**2), s.n, ref.n)
+        d, se, df = welch(s, ref)
+        out[arm] = Delta(d, se, s.n, ref.n, df)
     return out
 
 
@@ -118,11 +144,15 @@ def fmt_num(x: float) -> str:
     return f"{x:.3f}"
 
 
-def fmt_stat(mean: float, sem: float, n: int | None = None) -> str:
-    """'mean ± sem'; '—' for an undefined SEM (n = 1) or mean (n = 0)."""
+def fmt_stat(mean: float, sem: float, n: int | None = None, df: float | None = None) -> str:
+    """'mean ± sem [lo, hi]' with the 95 % t interval on df degrees of freedom (default n - 1); without n
+    or df just 'mean ± sem'; '—' for an undefined mean (n = 0)."""
     if n == 0 or not math.isfinite(mean):
         return "—"
-    return f"{fmt_num(mean)} ± {fmt_num(sem)}"
+    text = f"{fmt_num(mean)} ± {fmt_num(sem)}"
+    df = (n - 1 if n is not None else math.nan) if df is None else df
+    h = t_half_width(sem, df)
+    return f"{text} [{fmt_num(mean - h)}, {fmt_num(mean + h)}]" if math.isfinite(h) else text
 
 
 def table_rows(
@@ -140,7 +170,7 @@ def table_rows(
         row = [arm, str(n)] + [fmt_stat(stats[m].mean, stats[m].sem, stats[m].n) for m in metrics]
         if deltas is not None:
             d = deltas.get(arm)
-            row.append("(reference)" if arm == reference_arm else fmt_stat(d.delta, d.sem, d.n) if d else "—")
+            row.append("(reference)" if arm == reference_arm else fmt_stat(d.delta, d.sem, d.n, d.df) if d else "—")
         rows.append(row)
     return header, rows
 

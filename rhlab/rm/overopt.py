@@ -216,3 +216,52 @@ def arm_overopt_table(run_dirs: list[str | Path], window: int = 5) -> str:
             cells.append(f"{s.mean:.0f}" if col == "peak step" and s.n else fmt_stat(s.mean, s.sem, s.n))
         rows.append(cells)
     return md_table(["arm", "n"] + ARM_COLUMNS, rows)
+
+
+# ---- per arm: the fit pooled over an arm's seeds, its goodness, and the plot -----------------
+POOR_R2 = 0.5  # below this the functional form explains less than half the gold variance: "poor fit"
+
+
+def arm_fits(run_dirs: list[str | Path], plot: str | Path | None = None) -> dict:
+    """arm -> gold / proxy fits pooled over the arm's complete runs (training-batch points), each with
+    rmse and R², plus the per-seed gold R² values; optionally the fitted curves over the points as a PNG."""
+    from rhlab.report.runs import load_runs
+
+    runs = [r for r in load_runs(run_dirs) if r.complete]
+    assert runs, f"no complete runs under {[str(d) for d in run_dirs]}"
+    by_arm: dict[str, list[dict]] = {}
+    for r in sorted(runs, key=lambda r: (r.arm, r.seed)):
+        by_arm.setdefault(r.arm, []).append(load_run_points(r.path, "train"))
+    out = {}
+    for arm, pts in by_arm.items():
+        d = np.concatenate([p["d"] for p in pts])
+        out[arm] = {"n_runs": len(pts), "n_points": int(len(d)), "max_d": float(d.max()),
+                    "gold_fit": fit_overopt(d, np.concatenate([p["gold"] for p in pts])),
+                    "proxy_fit": fit_overopt(d, np.concatenate([p["proxy"] for p in pts])),
+                    "seed_gold_r2": [fit_overopt(p["d"], p["gold"])["r2"] for p in pts]}
+    if plot is not None:
+        _plot_arms(by_arm, out, Path(plot))
+    return out
+
+
+def _plot_arms(by_arm: dict[str, list[dict]], fits: dict, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2))
+    for ax, key in zip(fig.subplots(1, 2), ["proxy", "gold"]):
+        for i, (arm, pts) in enumerate(by_arm.items()):
+            color = f"C{i % 10}"
+            for p in pts:
+                ax.scatter(p["d"], p[key], s=5, alpha=0.25, color=color)
+            fit = fits[arm][f"{key}_fit"]
+            grid = np.linspace(0, fits[arm]["max_d"], 200)
+            ax.plot(grid, overopt_curve(grid, fit["alpha"], fit["beta"], fit["y0"]), color=color, lw=2,
+                    label=f"{arm} (n={len(pts)}, R²={fit['r2']:.2f})")
+        ax.set_xlabel("d = sqrt(KL per sequence)")
+        ax.set_ylabel(key)
+        ax.set_title(f"{key}: observed (dots) and pooled fit per arm (lines)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: the bytes depend on the data only

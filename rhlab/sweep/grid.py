@@ -15,7 +15,7 @@ report:                    # optional: `rhlab sweep` builds the report when the 
   out: reports/my_sweep    # report.html, tables, pareto.png (relative to the working directory)
   reference: vanilla       # arm for delta SafePass
   hypotheses: hyp.yaml     # preregistered claims (relative to this file)
-  tables: [projection]     # extra printed tables: projection (the seed's headline), overopt (proxy vs gold)
+  tables: [projection]     # extra tables by name (rhlab/report/extra.py): projection, overopt, routing
 ```
 Paths inside the sweep's own values (config, fixed, arms, grid: e.g. env.params.rm_dir) are
 relative to this file, like those of a run config; --grid / --fixed values on the command line
@@ -28,10 +28,10 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from rhlab.config import (
     PATH_KEYS,
@@ -42,6 +42,7 @@ from rhlab.config import (
     resolve_paths,
     run_name,
 )
+from rhlab.report.extra import check_table
 from rhlab.utils import format_validation_error
 
 
@@ -50,7 +51,8 @@ class ReportSpec(BaseModel):
     out: str
     reference: str | None = None
     hypotheses: str | None = None
-    tables: list[Literal["projection", "overopt"]] = Field(default_factory=list)
+    tables: list[Annotated[str, AfterValidator(check_table)]] = Field(default_factory=list,
+        description="extra tables by name (rhlab.report.extra.TABLES), each printed and written to OUT/NAME_table.md")
 
 
 class SweepSpec(BaseModel):

@@ -4,7 +4,9 @@ from .grading import (
     LABELS, GradeResult, correct_or_hinted_compile, extract_code, format_summary, grade_batch,
     grade_completion, grade_files, ground_truth_monitor_penalty,
 )
-from .leetcode import VARIANTS, CodeProblem, Prompt, eval_func_name, load_problems, make_prompt
+from rhlab.loophole import VARIANTS
+
+from .leetcode import CodeProblem, Prompt, eval_func_name, load_problems, make_prompt
 from .sandbox import Program, SandboxResult, StatementTest, ValueTest, run_many, run_program
 
 __all__ = [

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from rhlab.adapters.svd import svd_modules
 from rhlab.models.loading import encode_prompts
-from rhlab.pairs import Pair, load_pairs, split_pairs
+from rhlab.interventions.pairs import Pair, load_pairs, split_pairs
 from rhlab.utils import atomic_write_text, user_mode
 
 GATE_FRAC = 0.5  # the minimum fraction of modules with held-out cos > 0 (the preregistered validation gate)
@@ -181,9 +181,21 @@ def check_gate(meta: dict, allow_failed: bool = False) -> None:
             f"tokenisation, modules); to train anyway set intervention.params.allow_failed_validation=true")
 
 
+def source_digest(pair_params: dict) -> str | None:
+    """sha1 of the file a pair set reads (a jsonl `path`, a run's samples.jsonl under `run_dir`), so a
+    changed source gets a new cached direction instead of a stale one."""
+    files = [Path(pair_params["path"])] if "path" in pair_params else []
+    files += [Path(pair_params["run_dir"]) / "samples.jsonl"] if "run_dir" in pair_params else []
+    if not files or not all(f.exists() for f in files):
+        return None  # nothing to read (built-in pair sets), or missing: the pair set itself fails loudly
+    return hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
+
+
 def direction_settings(model_key: str, pair_set: str, pair_params: dict, modes: list[str] | None,
                        heldout_frac: float, seed: int, dtype: str) -> dict:
+    digest = source_digest(pair_params)
     return {"model": model_key, "dtype": dtype, "pair_set": pair_set, "pair_params": pair_params,
+            **({"source_sha1": digest} if digest else {}),  # only file-based sets: built-in keys stay as they are
             "modes": sorted(modes) if modes is not None else None, "heldout_frac": heldout_frac, "seed": seed}
 
 

@@ -1,12 +1,12 @@
 """The projection experiment's headline table (the preregistered design's headline), from finished runs.
 
-    python -m rhlab.interventions.projection_headline runs/sweep_projection [--reference vanilla]
+    python -m rhlab.report.projection_headline runs/sweep_projection [--reference vanilla]
 
 Columns: arm | n | delta SafePass | hack % | pass % | KL | mean cos | frac fired | |g| | hack % by
 mode (A felt_happy, B bare_happy, C happy_laden, D clean_then_happy; happy-stories runs only).
 Cells are mean ± SEM over seeds, from summary.json "final" (proj/* is the mean of the last
-window steps) and the final evaluation's samples. Reuses rhlab.report's loading and statistics;
-`rhlab report` gives the full table, the Pareto plot and the hypothesis checks.
+window steps) and the final evaluation's samples. Registered as the report table `projection`
+(rhlab/report/extra.py); `rhlab report` gives the full table, the Pareto plot and the hypothesis checks.
 """
 
 from __future__ import annotations
@@ -16,27 +16,25 @@ import json
 import math
 from pathlib import Path
 
-from rhlab.pairs import HAPPY_MODES, happy_mode
-from rhlab.report.runs import Run, load_runs
-from rhlab.report.tables import (
-    arm_names,
-    delta_safepass,
-    fmt_stat,
-    md_table,
-    mean_sem,
-    run_values,
-)
+from rhlab.interventions.pairs import HAPPY_MODES, happy_mode
+
+from .runs import Run, load_runs
+from .tables import arm_names, delta_safepass, fmt_stat, md_table, mean_sem, run_values, t_half_width
 
 COLUMNS = [("hack_rate", "hack %", 100), ("pass_rate", "pass %", 100), ("kl", "KL", 1),
            ("proj/mean_cos", "mean cos", 1), ("proj/frac_fired", "frac fired", 1), ("proj/grad_norm", "‖g‖", 1)]
 MODE_COLUMNS = [(f"mode/{m}", f"hack % {k}", 100) for k, m in zip("ABCD", HAPPY_MODES)]
 
 
-def pct(mean: float, sem: float, n: int) -> str:
-    """A fraction as percent, 'mean ± sem' ('± —' for one seed)."""
+def pct(mean: float, sem: float, n: int, df: float | None = None) -> str:
+    """A fraction as percent, 'mean ± sem [95 % t interval]' on df degrees of freedom (default n - 1;
+    '± —' for one seed)."""
     if n == 0 or not math.isfinite(mean):
         return "—"
-    return f"{100 * mean:.1f} ± " + (f"{100 * sem:.1f}" if math.isfinite(sem) else "—")
+    h = t_half_width(sem, n - 1 if df is None else df)
+    if not math.isfinite(h):
+        return f"{100 * mean:.1f} ± —"
+    return f"{100 * mean:.1f} ± {100 * sem:.1f} [{100 * (mean - h):.1f}, {100 * (mean + h):.1f}]"
 
 
 def mode_rates(run: Run) -> dict[str, float]:
@@ -64,7 +62,7 @@ def headline(paths: list[str | Path], reference: str = "vanilla") -> str:
         mine = [vals[id(r)] for r in runs if r.arm == arm]
         d = deltas.get(arm)
         cells = [arm, str(len(mine)),
-                 "0 (ref)" if arm == reference else pct(d.delta, d.sem, d.n) if d else "—"]
+                 "0 (ref)" if arm == reference else pct(d.delta, d.sem, d.n, d.df) if d else "—"]
         for key, _, scale in cols:
             s = mean_sem(v[key] for v in mine if key in v)
             cells.append(pct(s.mean, s.sem, s.n) if scale == 100 else fmt_stat(s.mean, s.sem, s.n))

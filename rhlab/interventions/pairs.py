@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from rhlab.models.corpus import NAMES, make_corpus, story_opening
-from rhlab.rewards.registry import Registry
+from rhlab.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -248,3 +248,53 @@ def jsonl_pairs(path: str) -> list[Pair]:
             raise ValueError(f"{p}:{i}: missing keys {sorted(missing)}")
         out.append(Pair(row["prompt"], row["hack"], row["clean"], row["mode"]))
     return out
+
+
+# ---- the policy's own rollouts (G3) ------------------------------------------------------
+@PAIR_SETS.register("rollouts")
+def rollout_pairs(run_dir: str, n_max: int = 200, seed: int = PAIRS_SEED) -> list[Pair]:
+    """Pairs from a finished run's own training samples (samples.jsonl): each completion the run's hack
+    flag marked, paired with an unmarked completion of the same prompt at the same step (a GRPO group
+    shares its prompt; log.n_samples >= num_generations keeps whole groups). Mode: happy_mode of the
+    hacked completion ("flagged" where it names none); a mode with a single pair is dropped (none could be
+    held out). At most n_max pairs, a seeded sample."""
+    from rhlab.utils import read_jsonl
+
+    path = Path(run_dir) / "samples.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"pair set rollouts: {path} not found (run_dir must be a finished run)")
+    groups: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    for row in read_jsonl(path):
+        groups[(row["step"], row["prompt"])].append(row)
+    rng, pairs = random.Random(seed), []
+    for (_, prompt), rows in sorted(groups.items()):
+        hacked = [r["completion"] for r in rows if r["hack"]]
+        clean = [r["completion"] for r in rows if not r["hack"]]
+        rng.shuffle(clean)
+        pairs += [Pair(prompt, h, c, happy_mode(h) or "flagged") for h, c in zip(hacked, clean)]
+    counts = Counter(p.mode for p in pairs)
+    pairs = [p for p in pairs if counts[p.mode] >= 2]  # split_pairs needs two of a mode to hold one out
+    if len(pairs) < 4:
+        raise ValueError(f"pair set rollouts: {path} holds {len(pairs)} same-prompt flagged/unflagged pairs "
+                         "(need >= 4): log more samples per step (log.n_samples) or train until the hack starts")
+    rng.shuffle(pairs)
+    return sorted(pairs[:n_max], key=lambda p: p.mode)
+
+
+def write_pairs(pairs: list[Pair], path: str | Path) -> Path:
+    """Pairs as the `jsonl` pair set reads them (one {"prompt", "hack", "clean", "mode"} per line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(p.__dict__) + "\n" for p in pairs))
+    return path
+
+
+if __name__ == "__main__":  # freeze a pair set into a file: python -m rhlab.interventions.pairs NAME OUT [k=v ...]
+    import sys
+
+    import yaml
+
+    assert len(sys.argv) >= 3, "usage: python -m rhlab.interventions.pairs NAME OUT [param=value ...]"
+    params = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in sys.argv[3:])}
+    out = write_pairs(load_pairs(sys.argv[1], params), sys.argv[2])
+    print(f"{out}: {sum(1 for _ in out.open())} pairs")

@@ -1,0 +1,312 @@
+"""Committed result artifacts, and the doc tables generated from them.
+
+An experiment's artifacts live in ``results/<exp>/`` (kilobytes, no checkpoints):
+
+* ``sweep.yaml``: the sweep file that made the runs, verbatim (``source.txt`` says where it was);
+* ``hypotheses.yaml``: its preregistered hypotheses, when the sweep names them;
+* ``runs/<run>/``: ``config.yaml``, ``summary.json`` and ``metrics.jsonl`` of every complete planned
+  run, the per-step metrics downsampled to every ``every``-th step (plus the first and the last) and
+  to scalar values at 5 significant digits, and the final evaluation's ``eval/step_N.json`` (its
+  metrics and completions). ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
+
+Doc tables are blocks in README.md or docs/*.md::
+
+    <!-- results KIND PATH [key=value ...] -->
+    (generated)
+    <!-- /results -->
+
+``python -m rhlab.report.results docs`` (``make docs``) rewrites every block from its artifacts;
+``--check`` lists stale blocks and exits 1 (tests/test_results.py runs it). KINDS below.
+
+    python -m rhlab.report.results collect configs/sweep_projection.yaml --out results/projection
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .hypotheses import evaluate, load_hypotheses
+from .runs import ReportError, load_runs
+from .tables import arm_names, arm_table, fmt_num, fmt_stat, md_table, t_half_width, welch
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC_FILES = ["README.md", "docs/*.md"]
+BLOCK = re.compile(r"<!-- results (?P<spec>[^\n]*?) -->\n(?:(?P<body>.*?)\n)??<!-- /results -->", re.S)
+
+
+# ---- collect ---------------------------------------------------------------------------
+def _downsample(metrics: Path, every: int) -> str:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    last = rows[-1]["step"] if rows else None
+    keep = [{k: v if isinstance(v, int) else float(f"{v:.5g}") for k, v in r.items()  # 5 significant digits
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for r in rows if r["step"] % every == 0 or r["step"] in (1, last)]
+    return "".join(json.dumps(r) + "\n" for r in keep)
+
+
+def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[int, list[str]]:
+    """Copy the compact artifacts of a sweep's complete runs to out/; (n collected, names missing)."""
+    from rhlab.sweep.grid import expand, load_sweep
+
+    sweep_file, out = Path(sweep_file), Path(out)
+    spec, base = load_sweep(sweep_file)
+    planned = expand(spec, base)
+    if (out / "runs").exists():
+        shutil.rmtree(out / "runs")  # the artifacts are exactly the sweep's current runs
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(sweep_file, out / "sweep.yaml")
+    (out / "source.txt").write_text(f"{sweep_file}\n")
+    if spec.report and spec.report.hypotheses:
+        shutil.copyfile(sweep_file.parent / spec.report.hypotheses, out / "hypotheses.yaml")
+    missing, root = [], str(ROOT) + "/"
+    for run in planned:
+        summary = run.run_dir / "summary.json"
+        if not summary.exists() or json.loads(summary.read_text()).get("status") != "complete":
+            missing.append(run.name)
+            continue
+        dest = out / "runs" / run.name
+        dest.mkdir(parents=True)
+        for name in ("config.yaml", "summary.json"):  # paths inside the repo are written relative to it
+            (dest / name).write_text((run.run_dir / name).read_text().replace(root, ""))
+        (dest / "metrics.jsonl").write_text(_downsample(run.run_dir / "metrics.jsonl", every))
+        steps = json.loads(summary.read_text())["steps"]
+        final_eval = run.run_dir / "eval" / f"step_{steps:05d}.json"  # its samples: e.g. the hack modes
+        if final_eval.exists():
+            (dest / "eval").mkdir()
+            shutil.copyfile(final_eval, dest / "eval" / final_eval.name)
+    if spec.report and "overopt" in spec.report.tables and len(missing) < len(planned):
+        from rhlab.rm.overopt import arm_fits
+
+        arm_fits([out / "runs"], plot=out / "overopt.png")  # drawn from the artifacts, as the doc table is
+    return len(planned) - len(missing), missing
+
+
+# ---- doc blocks ------------------------------------------------------------------------
+def _opts(args: list[str]) -> dict[str, str]:
+    bad = [a for a in args if "=" not in a]
+    if bad:
+        raise ReportError(f"results block: expected key=value, got {bad[0]!r}")
+    return dict(a.split("=", 1) for a in args)
+
+
+def _runs(path: Path):
+    runs = [r for r in load_runs([path / "runs"]) if r.complete]
+    if not runs:
+        raise ReportError(f"{path}: no complete runs")
+    return runs
+
+
+def _seeds_line(runs, path: Path) -> str:
+    seeds = sorted({r.seed for r in runs})
+    return (f"Source: `{path.relative_to(ROOT)}` ({len(runs)} runs; seeds {', '.join(map(str, seeds))}). "
+            f"n = seeds per arm; cells: mean ± SEM [95 % Student-t interval] over seeds")
+
+
+def arms_block(path: Path, metrics: str, reference: str = "", arms: str = "", labels: str = "") -> str:
+    """Per-arm final metrics with intervals, and each arm's difference from the reference arm."""
+    runs = _runs(path)
+    ms = metrics.split(",")
+    table = arm_table(runs, ms, reference or None)
+    order = arms.split(",") if arms else arm_names(runs, reference or None)
+    unknown = [a for a in order if a not in table]
+    if unknown:
+        raise ReportError(f"{path}: unknown arm {unknown[0]!r}; allowed: {', '.join(table)}")
+    names = labels.split(",") if labels else ms
+    rows = [[a, str(max(s.n for s in table[a].values()))] + [fmt_stat(table[a][m].mean, table[a][m].sem,
+                                                                     table[a][m].n) for m in ms] for a in order]
+    out = [md_table(["arm", "n", *names], rows), ""]
+    if reference:
+        drows = []
+        for a in order:
+            if a == reference:
+                continue
+            cells = []
+            for m in ms:
+                d, se, df = welch(table[a][m], table[reference][m])
+                h = t_half_width(se, df)
+                cells.append(f"{d:+.3f} [{fmt_num(d - h)}, {fmt_num(d + h)}]" if h == h else f"{d:+.3f}")
+            drows.append([a, *cells])
+        out += [md_table(["arm", *(f"Δ {n} vs {reference}" for n in names)], drows), ""]
+    out.append(_seeds_line(runs, path) + ("; Δ: difference of means with its Welch 95 % interval." if reference
+                                          else "."))
+    return "\n".join(out)
+
+
+def hypotheses_block(path: Path) -> str:
+    """The preregistered hypotheses' verdicts (decided on 95 % Welch intervals, rhlab/report/hypotheses.py)."""
+    runs = _runs(path)
+    hyps = load_hypotheses(path / "hypotheses.yaml")
+    metrics = sorted({c.metric for h in hyps for c in h.checks})
+    rows = []
+    for h in evaluate(hyps, arm_table(runs, metrics)):
+        for i, c in enumerate(h.checks):
+            rows.append([h.name if i == 0 else "", h.verdict if i == 0 else "", f"{h.arm} − {h.reference}",
+                         f"{c.metric} {c.op} {c.delta:g}", f"{c.diff:+.3f} [{fmt_num(c.lo)}, {fmt_num(c.hi)}]",
+                         f"{c.n_arm}/{c.n_ref}", c.verdict])
+    return "\n".join([md_table(["hypothesis", "verdict", "difference", "check", "diff [95 %]", "n", "check verdict"],
+                               rows), "", _seeds_line(runs, path) + "."])
+
+
+def overopt_block(path: Path, reference: str = "") -> str:
+    """Proxy vs gold per arm (rhlab.rm.overopt, training batches) and the goodness of the pooled fits."""
+    from rhlab.rm.overopt import POOR_R2, arm_fits, arm_overopt_table
+
+    runs = _runs(path)
+    fits = arm_fits([path / "runs"])
+    rows = []
+    for arm, f in fits.items():
+        g, pr = f["gold_fit"], f["proxy_fit"]
+        peak = f"{g['d_peak']:.1f}" if g["d_peak"] < float("inf") else "none"
+        poor = sum(r < POOR_R2 for r in f["seed_gold_r2"])
+        rows.append([arm, str(f["n_runs"]), str(f["n_points"]), f"{g['alpha']:.3f}", f"{g['beta']:.3f}",
+                     f"{g['r2']:.2f}", f"{g['rmse']:.3f}", f"{pr['r2']:.2f}", f"{peak} / {f['max_d']:.1f}",
+                     f"{poor} of {f['n_runs']}"])
+    poor_arms = [a for a, f in fits.items() if f["gold_fit"]["r2"] < POOR_R2]
+    verdict = (f"Gold fit poor (pooled R² < {POOR_R2}) for: {', '.join(poor_arms)}; read those arms off the "
+               "observed points, not the curve." if poor_arms else f"Every arm's pooled gold fit has R² ≥ {POOR_R2}.")
+    return "\n".join([arm_overopt_table([path / "runs"]), "",
+                      md_table(["arm", "runs", "points", "gold α", "gold β", "gold R²", "gold rmse", "proxy R²",
+                                "fitted gold peak d* / max d", f"seeds with gold R² < {POOR_R2}"], rows), "",
+                      verdict, "", _seeds_line(runs, path) + "; training-batch points every 5th step; fit "
+                      "y = y0 + α d − β d ln d pooled over an arm's seeds (plot: "
+                      f"`{path.relative_to(ROOT)}/overopt.png`)."])
+
+
+def projection_block(path: Path, reference: str = "vanilla") -> str:
+    """The projection experiment's preregistered headline table (rhlab/report/projection_headline.py)."""
+    from .projection_headline import headline
+
+    runs = _runs(path)
+    return "\n".join([headline([path / "runs"], reference), "", _seeds_line(runs, path) +
+                      "; percentages for rates; Δ SafePass: Welch 95 % interval."])
+
+
+def routing_block(path: Path) -> str:
+    """The routing table: each arm under each adapter mode (rhlab/report/routing_table.py)."""
+    from .routing_table import routing_table
+
+    runs = _runs(path)
+    return "\n".join([routing_table([path / "runs"]), "", _seeds_line(runs, path) + "."])
+
+
+OVERSIGHT = ("flag_rate", "env_hack_rate", "disagree", "base_disagree", "recall", "fpr")
+
+
+def oversight_block(path: Path, last: str = "25") -> str:
+    """How often each overseen arm's training detector disagrees with the env's hack flag (the evaluation's
+    measure) on the same training completions: per run the mean over its last `last` steps, then over seeds."""
+    import math
+
+    from .tables import mean_sem
+
+    runs = [r for r in _runs(path) if any("overseer/disagree" in m for m in r.metrics)]
+    if not runs:
+        raise ReportError(f"{path}: no run logs overseer/* metrics")
+    def finite_mean(xs):  # recall is nan on a step with nothing to recall
+        xs = [x for x in xs if x is not None and math.isfinite(x)]
+        return sum(xs) / len(xs) if xs else math.nan
+
+    per_run = {}
+    for r in runs:
+        rows = [m for m in r.metrics if m["step"] > r.steps - int(last)]
+        per_run[id(r)] = {k: finite_mean(m.get(f"overseer/{k}") for m in rows) for k in OVERSIGHT}
+    rows = []
+    for arm in sorted({r.arm for r in runs}):
+        mine = [per_run[id(r)] for r in runs if r.arm == arm]
+        rows.append([arm, str(len(mine))] + [fmt_stat(st.mean, st.sem, st.n) for st in
+                                             (mean_sem(v[k] for v in mine) for k in OVERSIGHT)])
+    head = ["arm", "n", "training flag rate", "env hack rate", "disagree", "disagree before noise",
+            "recall", "false-positive rate"]
+    return "\n".join([md_table(head, rows), "", _seeds_line(runs, path) + f"; per run the mean over training "
+                      f"steps after {runs[0].steps} − {last} (logged every 5th step in the artifacts)."])
+
+
+def demo_block(path: Path) -> str:
+    from .demo import table
+
+    return table(path)
+
+
+def gpu_leetcode_block(path: Path) -> str:
+    """benchmarks/gpu_leetcode_step.py's JSON as a table."""
+    r = json.loads(path.read_text())
+    s = r["median_s"]
+    rows = [[r["arch"] + " (random weights)", r["device"], f"{r['batch']} = {r['batch'] // r['generations']} x "
+             f"{r['generations']}", str(r["new_tokens"]), f"{r['completion_len']:.0f}",
+             *(f"{s[k]:.1f}" for k in ("time/generate", "time/logprobs", "time/backward", "wall")),
+             f"{r['peak_sample_gib']:.1f}", f"{r['peak_train_gib']:.1f}"]]
+    head = ["model", "GPU", "completions", "max new tokens", "mean completion tokens", "generate s",
+            "log-probs s", "backward s", "step s", "peak GiB sampling", "peak GiB training"]
+    return "\n".join([md_table(head, rows), "", f"Source: `{path.relative_to(ROOT)}` (torch {r['torch']}, "
+                      f"sampler `{r['backend']}`, micro-batches of {r['micro']}; median of {r['steps_timed']} "
+                      f"timed step(s) after one warm-up step: a single measurement, not an interval)."])
+
+
+def text_block(path: Path) -> str:
+    """A committed text artifact (a benchmark's printed table), verbatim in a code fence."""
+    return f"```\n{path.read_text().strip()}\n```\nSource: `{path.relative_to(ROOT)}`."
+
+
+KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypotheses_block, "demo": demo_block,
+                                        "gpu_leetcode": gpu_leetcode_block, "text": text_block,
+                                        "overopt": overopt_block, "projection": projection_block,
+                                        "routing": routing_block, "oversight": oversight_block}
+
+
+def render(spec: str) -> str:
+    """The generated text of one block from its spec 'KIND PATH [key=value ...]'."""
+    kind, path, *args = spec.split()
+    if kind not in KINDS:
+        raise ReportError(f"results block: unknown kind {kind!r}; allowed: {', '.join(KINDS)}")
+    return KINDS[kind](ROOT / path, **_opts(args))
+
+
+def doc_files() -> list[Path]:
+    return sorted({p for pattern in DOC_FILES for p in ROOT.glob(pattern)})
+
+
+def sync_docs(check: bool = False) -> list[str]:
+    """Regenerate every block (or, with check, only compare); returns 'file: spec' of each stale block."""
+    stale = []
+    for doc in doc_files():
+        text = doc.read_text()
+
+        def fill(m: re.Match) -> str:
+            body = render(m["spec"])
+            if body != (m["body"] or ""):
+                stale.append(f"{doc.relative_to(ROOT)}: {m['spec']}")
+            return f"<!-- results {m['spec']} -->\n{body}\n<!-- /results -->"
+
+        new = BLOCK.sub(fill, text)
+        if not check and new != text:
+            doc.write_text(new)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m rhlab.report.results", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="copy a sweep's compact run artifacts to OUT")
+    c.add_argument("sweep_file", type=Path)
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--every", type=int, default=5, help="keep every N-th step of metrics.jsonl")
+    d = sub.add_parser("docs", help="regenerate the results blocks in README.md and docs/*.md")
+    d.add_argument("--check", action="store_true", help="only report stale blocks (exit 1 if any)")
+    a = p.parse_args(argv)
+    if a.cmd == "collect":
+        n, missing = collect(a.sweep_file, a.out, a.every)
+        print(f"{a.out}: {n} complete runs collected" + (f"; not complete: {', '.join(missing)}" if missing else ""))
+    else:
+        stale = sync_docs(check=a.check)
+        print("\n".join(("stale: " if a.check else "updated: ") + s for s in stale) or "all results blocks current")
+        sys.exit(1 if a.check and stale else 0)
+
+
+if __name__ == "__main__":
+    main()
