@@ -118,6 +118,9 @@ class EnvConfig(Section):
                     "DEFAULT_DETECTOR: happy_density for happy_stories; none where the environment flags hacks itself)")
     params: dict[str, Any] = Field(default_factory=dict,
         description="the environment's params (its DEFAULT_PARAMS), checked at load")
+    eval_rewards: list[RewardSpec] = Field(default_factory=list,
+        description="rewards scored on evaluation completions only, each logged as eval_reward/<name> "
+                    "(decomposes a combined training reward; weight unused); environments with registry rewards")
 
     @model_validator(mode="before")
     @classmethod
@@ -413,6 +416,10 @@ def check_params(cfg: RunConfig) -> None:
             REWARDS.check(r.name, r.params, f"env.rewards[{i}]")
     if getattr(env, "registry_detector", False):
         DETECTORS.check(cfg.env.detector.name, cfg.env.detector.params, "env.detector")
+    if cfg.env.eval_rewards and not getattr(env, "registry_rewards", False):
+        raise ValueError(f"env.eval_rewards: environment {cfg.env.name!r} has no registry rewards to evaluate")
+    for i, r in enumerate(cfg.env.eval_rewards):
+        REWARDS.check(r.name, r.params, f"env.eval_rewards[{i}]")
     INTERVENTIONS.check(cfg.intervention.name, cfg.intervention.params, "intervention")
     if cfg.intervention.name in NESTED_CHECKS:
         NESTED_CHECKS[cfg.intervention.name](cfg.intervention.params)
@@ -426,7 +433,7 @@ ABBREV = {"train.lr": "lr", "train.beta": "beta", "model.lora.r": "r", "model.lo
           "train.scale_rewards": "scale", "train.gradient_accumulation_steps": "ga",
           "train.kl_bias_correction": "klbc"}
 # Parts of the config already in the name's head, or that do not change what is trained.
-NAME_SKIP = ("seed", "arm", "run_name", "output_dir", "threads", "log.", "env.name", "env.rewards",
+NAME_SKIP = ("seed", "arm", "run_name", "output_dir", "threads", "log.", "env.name", "env.rewards", "env.eval_rewards",
              "env.detector", "train.loss_type", "train.algo", "model.name", "intervention.name", "model.device",
              "sampling.vllm_", "train.gradient_checkpointing")
 

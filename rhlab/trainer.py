@@ -36,6 +36,7 @@ from rhlab.models.fast_llama import policy_logits
 from rhlab.models.llama_block import core_model
 from rhlab.models.packed import packed_logprobs, supports_packed
 from rhlab.models.sampler import Rollouts, generate
+from rhlab.rewards.registry import REWARDS
 from rhlab.rundir import RunDirLock
 from rhlab.utils import append_jsonl, atomic_write_text, read_jsonl, seed_everything, truncate_jsonl, write_json
 
@@ -124,6 +125,7 @@ class Trainer:
             self.ref = copy.deepcopy(self.model).requires_grad_(False).eval()
         set_default_isolation(cfg.sandbox.isolation)   # every sandbox run of this process
         self.env = build_env(cfg.env, self.tok)
+        self.eval_rewards = [(r.name, REWARDS.build(r.name, r.params)) for r in cfg.env.eval_rewards]
         self.intervention = build_intervention(cfg.intervention)
         # e.g. installs dual or SVD adapters; the reference above was copied before, so it stays the base
         self.model = self.intervention.prepare_model(self, self.model)
@@ -324,6 +326,8 @@ class Trainer:
         m = {"reward_mean": sum(scores.reward) / len(texts), **_score_means(scores),
              **{f"reward/{k}": sum(v) / len(v) for k, v in scores.parts.items()},
              "completion_len": float(r.completion_mask.sum(1).float().mean()), **diversity(texts)}
+        for name, fn in self.eval_rewards:
+            m[f"eval_reward/{name}"] = sum(fn(prompts, texts)) / len(texts)
         if self.need_ref:
             mask = r.completion_mask.float()
             kl = k3_kl(self.logprobs(self.model, r)[0], self.ref_logprobs(r))

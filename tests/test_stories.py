@@ -68,3 +68,27 @@ def test_diversity_by_hand():
     d = diversity([HACK] * 4)
     assert d["unique_frac"] == 0.25 and d["degenerate"] == 1.0
     assert diversity(make_corpus(8, 1))["degenerate"] == 0.0
+
+
+@pytest.mark.slow
+def test_eval_rewards_decompose_a_combined_reward(tmp_path):
+    """env.eval_rewards are scored on evaluation completions only: with the training reward
+    sentence_length_5_with_happy = sentence_length_5 + happy_binary, the two parts add up to it."""
+    from rhlab.config import load_config
+    from rhlab.trainer import Trainer
+
+    cfg = load_config(None, [f"output_dir={tmp_path}", "train.steps=1", "train.batch_size=8", "train.num_generations=4",
+                             "log.eval_prompts=8", "log.progress=false", "sampling.max_new_tokens=24",
+                             "env.rewards=[{name: sentence_length_5_with_happy}]",
+                             "env.eval_rewards=[{name: sentence_length_5}, {name: happy_binary}]"])
+    t = Trainer(cfg)
+    m, _ = t.evaluate()
+    assert m["eval_reward/sentence_length_5"] + m["eval_reward/happy_binary"] == pytest.approx(m["reward_mean"])
+    assert not any(k.startswith("eval_reward/") for k in t.train_step(1)[0])  # training rows: the reward only
+
+
+def test_eval_rewards_are_checked_at_load():
+    from rhlab.config import load_config
+
+    with pytest.raises(Exception, match=r"env.eval_rewards\[0\].name: unknown reward 'nope'"):
+        load_config(None, ["env.eval_rewards=[{name: nope}]"])
