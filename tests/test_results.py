@@ -36,3 +36,23 @@ def test_unknown_kind_and_bad_options_fail_loudly():
         render("nope results/demo")
     with pytest.raises(ReportError, match="expected key=value"):
         render("arms results/demo hack_rate")
+
+
+def test_an_edited_run_artifact_changes_the_arm_and_overopt_tables(tmp_path, monkeypatch):
+    import rhlab.report.results as results
+
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    shutil.copytree(ROOT / "results" / "pref_overopt", tmp_path / "exp")
+    spec = "arms exp metrics=hack_rate,task_score reference=rm1000_beta0"
+    before, fits = render(spec), render("overopt exp")
+    assert "| rm250_beta0 | 5 |" in before and "Welch 95 % interval" in before
+    run = next(p for p in (tmp_path / "exp" / "runs").iterdir() if p.name.endswith("beta0.05_lr4e-4_schedconstant_g8_steps150_s1"))
+    s = json.loads((run / "summary.json").read_text())
+    s["final"]["hack_rate"] = 0.99
+    (run / "summary.json").write_text(json.dumps(s))
+    assert render(spec) != before
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(rows[-1])
+    last["reward/gold"] -= 1.0
+    (run / "metrics.jsonl").write_text("\n".join(rows[:-1] + [json.dumps(last)]) + "\n")
+    assert render("overopt exp") != fits

@@ -6,8 +6,8 @@ An experiment's artifacts live in ``results/<exp>/`` (kilobytes, no checkpoints)
 * ``hypotheses.yaml``: its preregistered hypotheses, when the sweep names them;
 * ``runs/<run>/``: ``config.yaml``, ``summary.json`` and ``metrics.jsonl`` of every complete planned
   run, the per-step metrics downsampled to every ``every``-th step (plus the first and the last) and
-  to scalar values at 5 significant digits, and the final evaluation's ``eval/step_N.json`` (its
-  metrics and completions). ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
+  to scalar values at 5 significant digits; for a sweep whose report has the projection table, also
+  the final evaluation's ``eval/step_N.json`` (its completions give the hack modes). ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
 
 Doc tables are blocks in README.md or docs/*.md::
 
@@ -65,6 +65,7 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
     if spec.report and spec.report.hypotheses:
         shutil.copyfile(sweep_file.parent / spec.report.hypotheses, out / "hypotheses.yaml")
     missing, root = [], str(ROOT) + "/"
+    keep_eval = bool(spec.report and "projection" in spec.report.tables)
     for run in planned:
         summary = run.run_dir / "summary.json"
         if not summary.exists() or json.loads(summary.read_text()).get("status") != "complete":
@@ -76,8 +77,8 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
             (dest / name).write_text((run.run_dir / name).read_text().replace(root, ""))
         (dest / "metrics.jsonl").write_text(_downsample(run.run_dir / "metrics.jsonl", every))
         steps = json.loads(summary.read_text())["steps"]
-        final_eval = run.run_dir / "eval" / f"step_{steps:05d}.json"  # its samples: e.g. the hack modes
-        if final_eval.exists():
+        final_eval = run.run_dir / "eval" / f"step_{steps:05d}.json"  # its completions give the hack modes
+        if keep_eval and final_eval.exists():
             (dest / "eval").mkdir()
             shutil.copyfile(final_eval, dest / "eval" / final_eval.name)
     if spec.report and "overopt" in spec.report.tables and len(missing) < len(planned):
@@ -227,6 +228,21 @@ def oversight_block(path: Path, last: str = "25") -> str:
                       f"steps after {runs[0].steps} − {last} (logged every 5th step in the artifacts)."])
 
 
+def rm_block(path: Path) -> str:
+    """Reward models' training numbers: one row per metrics.json (rhlab train-rm) in the folder."""
+    rows = []
+    for f in sorted(path.glob("*.json")):
+        m = json.loads(f.read_text())
+        rows.append([f.stem, str(m["n_pairs"]), f"{m['n_train']} / {m['n_held_out']}", str(len(m["history"])),
+                     " → ".join(f"{h['held_out_acc']:.3f}" for h in m["history"]),
+                     f"{m['held_out_proxy_gold_corr']:.2f}"])
+    if not rows:
+        raise ReportError(f"{path}: no reward-model metrics (*.json)")
+    return "\n".join([md_table(["reward model", "pairs", "train / held out", "epochs",
+                                 "held-out accuracy by epoch", "held-out proxy–gold correlation"], rows), "",
+                      f"Source: `{path.relative_to(ROOT)}` (one training run each, seed 0: not an interval)."])
+
+
 def demo_block(path: Path) -> str:
     from .demo import table
 
@@ -256,7 +272,8 @@ def text_block(path: Path) -> str:
 KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypotheses_block, "demo": demo_block,
                                         "gpu_leetcode": gpu_leetcode_block, "text": text_block,
                                         "overopt": overopt_block, "projection": projection_block,
-                                        "routing": routing_block, "oversight": oversight_block}
+                                        "routing": routing_block, "oversight": oversight_block,
+                                        "rm": rm_block}
 
 
 def render(spec: str) -> str:
