@@ -264,3 +264,11 @@ def test_build_report_only_unfinished_runs(tmp_path: Path):
     res = build_report([tmp_path], tmp_path / "out")
     assert res["reference_arm"] is None and res["delta_safepass"] is None
     assert (tmp_path / "out" / "report.html").exists()
+
+
+def test_check_against_another_metric_of_the_reference():
+    table = {"a": {"retain_only/hack_rate": Stat(0.10, 0.02, 3)}, "ref": {"hack_rate": Stat(0.50, 0.02, 3)}}
+    res = evaluate_check(Check("retain_only/hack_rate", "<=", -0.30, "hack_rate"), table, "a", "ref")
+    assert res.verdict == "supported" and res.diff == pytest.approx(-0.40) and res.ref_metric == "hack_rate"
+    with pytest.raises(ReportError, match="unknown metric 'nope'"):
+        validate([Hypothesis("h", "", "a", "ref", [Check("hack_rate", "<=", 0.0, "nope")])], ["a", "ref"], ["hack_rate"])

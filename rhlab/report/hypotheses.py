@@ -11,6 +11,9 @@ A YAML file lists claims comparing an arm with a reference arm::
           - {metric: hack_rate, op: "<=", delta: -0.30}   # arm mean - ref mean <= -0.30
           - {metric: pass_rate, op: "abs<=", delta: 0.10} # |arm mean - ref mean| <= 0.10
 
+A check may name a ``reference_metric`` read on the reference arm instead of ``metric`` (e.g. a routing
+arm's ``retain_only/hack_rate`` against a baseline's plain ``hack_rate``).
+
 Each check computes d = mean(arm) - mean(reference) over complete seeds, its SEM
 se = sqrt(sem_arm² + sem_ref²) and its 95 % Welch t interval [lo, hi] = d ± t_{0.975, df} x se
 (Welch-Satterthwaite df). The verdict is decided on the interval, not on the point estimate:
@@ -53,6 +56,11 @@ class Check:
     metric: str
     op: str
     delta: float
+    reference_metric: str | None = None  # the reference arm's metric when it differs (default: metric)
+
+    @property
+    def ref_metric(self) -> str:
+        return self.reference_metric or self.metric
 
 
 @dataclass
@@ -79,6 +87,7 @@ class CheckResult:
     n_ref: int
     verdict: str
     reason: str
+    ref_metric: str = ""  # the reference arm's metric (= metric unless the check names another)
 
 
 @dataclass
@@ -119,13 +128,16 @@ def _parse_hypothesis(h: Any, i: int, path: Path) -> Hypothesis:
         raise ReportError(f"{where}: 'checks' must be a non-empty list")
     checks = []
     for c in h["checks"]:
-        if not isinstance(c, dict) or not {"metric", "op", "delta"} <= set(c):
-            raise ReportError(f"{where}: each check needs metric, op and delta, got {c!r}")
+        if not isinstance(c, dict) or not {"metric", "op", "delta"} <= set(c) \
+                or not set(c) <= {"metric", "op", "delta", "reference_metric"}:
+            raise ReportError(f"{where}: each check needs metric, op and delta (and may name a "
+                              f"reference_metric), got {c!r}")
         if c["op"] not in OPS:
             raise ReportError(f"{where}: unknown op {c['op']!r}; allowed: {', '.join(OPS)}")
         if not isinstance(c["delta"], (int, float)) or isinstance(c["delta"], bool):
             raise ReportError(f"{where}: delta must be a number, got {c['delta']!r}")
-        checks.append(Check(str(c["metric"]), str(c["op"]), float(c["delta"])))
+        ref = c.get("reference_metric")
+        checks.append(Check(str(c["metric"]), str(c["op"]), float(c["delta"]), None if ref is None else str(ref)))
     return Hypothesis(str(h["name"]), str(h.get("claim", "")), str(h["arm"]), str(h["reference"]), checks)
 
 
@@ -138,8 +150,9 @@ def validate(hyps: list[Hypothesis], arms: list[str], metrics: list[str]) -> Non
             if a not in arms:
                 errors.append(f"hypothesis {h.name!r}: unknown arm {a!r}; allowed: {', '.join(arms) or '(none)'}")
         for c in h.checks:
-            if c.metric not in allowed_m:
-                errors.append(f"hypothesis {h.name!r}: unknown metric {c.metric!r}; allowed: {', '.join(allowed_m)}")
+            for m in dict.fromkeys((c.metric, c.ref_metric)):
+                if m not in allowed_m:
+                    errors.append(f"hypothesis {h.name!r}: unknown metric {m!r}; allowed: {', '.join(allowed_m)}")
     if errors:
         raise ReportError("\n".join(errors))
 
@@ -161,11 +174,11 @@ def evaluate_check(check: Check, table: ArmTable, arm: str, reference: str) -> C
     """Apply the rule in the module docstring to one check."""
     nan = math.nan
     a = table.get(arm, {}).get(check.metric) or Stat(nan, nan, 0)
-    r = table.get(reference, {}).get(check.metric) or Stat(nan, nan, 0)
+    r = table.get(reference, {}).get(check.ref_metric) or Stat(nan, nan, 0)
     diff, se, df = welch(a, r)
     h = t_half_width(se, df)
     res = CheckResult(check.metric, check.op, check.delta, a.mean, r.mean, diff, se, diff - h, diff + h,
-                      a.n, r.n, INCONCLUSIVE, "")
+                      a.n, r.n, INCONCLUSIVE, "", check.ref_metric)
     if min(a.n, r.n) < MIN_SEEDS:
         res.reason = f"fewer than {MIN_SEEDS} seeds (n={a.n} for {arm}, n={r.n} for {reference})"
     elif not (math.isfinite(diff) and math.isfinite(h)):

@@ -143,12 +143,13 @@ def hypotheses_block(path: Path) -> str:
     """The preregistered hypotheses' verdicts (decided on 95 % Welch intervals, rhlab/report/hypotheses.py)."""
     runs = _runs(path)
     hyps = load_hypotheses(path / "hypotheses.yaml")
-    metrics = sorted({c.metric for h in hyps for c in h.checks})
+    metrics = sorted({m for h in hyps for c in h.checks for m in (c.metric, c.ref_metric)})
     rows = []
     for h in evaluate(hyps, arm_table(runs, metrics)):
         for i, c in enumerate(h.checks):
             rows.append([h.name if i == 0 else "", h.verdict if i == 0 else "", f"{h.arm} − {h.reference}",
-                         f"{c.metric} {c.op} {c.delta:g}", f"{c.diff:+.3f} [{fmt_num(c.lo)}, {fmt_num(c.hi)}]",
+                         f"{c.metric}{'' if c.ref_metric == c.metric else ' vs ' + c.ref_metric} {c.op} {c.delta:g}",
+                         f"{c.diff:+.3f} [{fmt_num(c.lo)}, {fmt_num(c.hi)}]",
                          f"{c.n_arm}/{c.n_ref}", c.verdict])
     return "\n".join([md_table(["hypothesis", "verdict", "difference", "check", "diff [95 %]", "n", "check verdict"],
                                rows), "", _seeds_line(runs, path) + "."])

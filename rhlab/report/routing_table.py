@@ -20,32 +20,35 @@ TABLE_METRICS = ("hack_rate", "task_score", "pass_rate", "reward_mean", "distinc
 
 def routing_table(paths) -> str:
     """Mean ± SEM over seeds of the final evaluation, by arm and adapter mode (arms without modes,
-    e.g. the LoRA baseline, show their plain evaluation as `both`), plus the initial policy."""
+    e.g. the LoRA baseline, show their plain evaluation as `both`), plus the initial policy; with
+    env.eval_rewards, one column per evaluated reward part (the decomposition)."""
     runs = [r for r in load_runs(paths) if r.complete]
     assert runs, f"no complete runs under {paths}"
-    initial = [_read_initial(r.path) for r in runs]
+    parts = sorted({k for r in runs for k in r.final if k.startswith("eval_reward/")})
+    metrics = (*TABLE_METRICS, *parts)
+    initial = [_read_initial(r.path, metrics) for r in runs]
     rows = [("initial", "-", initial)]
     for arm in sorted({r.arm for r in runs}):
         finals = [r.final for r in runs if r.arm == arm]
         for mode in EVAL_MODES:
-            vals = [v for f in finals if (v := _mode_values(f, mode)) is not None]
+            vals = [v for f in finals if (v := _mode_values(f, mode, metrics)) is not None]
             if vals:
                 rows.append((arm, mode, vals))
     out = []
     for arm, mode, vals in rows:
-        stats = [mean_sem(v[m] for v in vals) for m in TABLE_METRICS]
+        stats = [mean_sem(v[m] for v in vals) for m in metrics]
         out.append([arm, mode, str(len(vals))] + [fmt_stat(s.mean, s.sem, s.n) for s in stats])
-    return md_table(["arm", "mode", "n", *TABLE_METRICS], out)
+    return md_table(["arm", "mode", "n", *metrics], out)
 
 
-def _mode_values(final: dict, mode: str) -> dict | None:
+def _mode_values(final: dict, mode: str, metrics) -> dict | None:
     if "both/hack_rate" not in final:  # an arm without adapter modes: its plain evaluation is `both`
-        return {k: final.get(k) for k in TABLE_METRICS} if mode == "both" else None
-    return {k: final.get(f"{mode}/{k}") for k in TABLE_METRICS}
+        return {k: final.get(k) for k in metrics} if mode == "both" else None
+    return {k: final.get(f"{mode}/{k}") for k in metrics}
 
 
-def _read_initial(run_dir) -> dict:
-    return {k: read_json(run_dir / "summary.json")["initial"].get(k) for k in TABLE_METRICS}
+def _read_initial(run_dir, metrics) -> dict:
+    return {k: read_json(run_dir / "summary.json")["initial"].get(k) for k in metrics}
 
 
 if __name__ == "__main__":
