@@ -197,6 +197,31 @@ def routing_block(path: Path) -> str:
     return "\n".join([routing_table([path / "runs"]), "", _seeds_line(runs, path) + "."])
 
 
+def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str = "") -> str:
+    """Training batches: each metric's mean over a run's first and last `window` steps, then mean ± SEM
+    [95 % t] over seeds, by arm: "start → end"."""
+    from .tables import mean_sem
+
+    runs, w, ms = _runs(path), int(window), metrics.split(",")
+    names = labels.split(",") if labels else ms
+
+    def window_mean(r, m, first: bool):
+        rows = [x for x in r.metrics if m in x and (x["step"] <= w if first else x["step"] > r.steps - w)]
+        assert rows, f"{r.path}: no {m} in its {'first' if first else 'last'} {w} steps"
+        return sum(x[m] for x in rows) / len(rows)
+
+    out = []
+    for arm in sorted({r.arm for r in runs}):
+        mine = [r for r in runs if r.arm == arm]
+        cells = []
+        for m in ms:
+            a, b = (mean_sem(window_mean(r, m, first) for r in mine) for first in (True, False))
+            cells.append(f"{fmt_stat(a.mean, a.sem, a.n)} → {fmt_stat(b.mean, b.sem, b.n)}")
+        out.append([arm, str(len(mine)), *cells])
+    return "\n".join([md_table(["arm", "n", *names], out), "", _seeds_line(runs, path) +
+                      f"; training batches, mean of a run's first → last {w} steps (every 5th step logged)."])
+
+
 OVERSIGHT = ("flag_rate", "env_hack_rate", "disagree", "base_disagree", "recall", "fpr")
 
 
@@ -274,7 +299,7 @@ KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypoth
                                         "gpu_leetcode": gpu_leetcode_block, "text": text_block,
                                         "overopt": overopt_block, "projection": projection_block,
                                         "routing": routing_block, "oversight": oversight_block,
-                                        "rm": rm_block}
+                                        "rm": rm_block, "trajectory": trajectory_block}
 
 
 def render(spec: str) -> str:
