@@ -37,7 +37,8 @@ from .tables import arm_names, arm_table, fmt_num, fmt_stat, md_table, t_half_wi
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = ["README.md", "docs/*.md"]
-BLOCK = re.compile(r"<!-- results (?P<spec>[^\n]*?) -->\n(?:(?P<body>.*?)\n)??<!-- /results -->", re.S)
+# a block starts at the beginning of a line (an indented one, e.g. an example in a doc, is not a block)
+BLOCK = re.compile(r"^<!-- results (?P<spec>[^\n]*?) -->\n(?:(?P<body>.*?)\n)??<!-- /results -->", re.S | re.M)
 
 
 # ---- collect ---------------------------------------------------------------------------
