@@ -7,7 +7,8 @@ An experiment's artifacts live in ``results/<exp>/`` (kilobytes, no checkpoints)
 * ``runs/<run>/``: ``config.yaml``, ``summary.json`` and ``metrics.jsonl`` of every complete planned
   run, the per-step metrics downsampled to every ``every``-th step (plus the first and the last) and
   to scalar values at 5 significant digits; for a sweep whose report has the projection table, also
-  the final evaluation's ``eval/step_N.json`` (its completions give the hack modes). ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
+  the final evaluation's ``eval/step_N.json`` (its completions give the hack modes); any gated
+  evaluation suite's ``eval/suite_<name>.json``. ``results/<exp>/runs`` is a run folder like any other: ``rhlab report`` reads it.
 
 Doc tables are blocks in README.md or docs/*.md::
 
@@ -79,9 +80,10 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
         (dest / "metrics.jsonl").write_text(_downsample(run.run_dir / "metrics.jsonl", every))
         steps = json.loads(summary.read_text())["steps"]
         final_eval = run.run_dir / "eval" / f"step_{steps:05d}.json"  # its completions give the hack modes
-        if keep_eval and final_eval.exists():
-            (dest / "eval").mkdir()
-            shutil.copyfile(final_eval, dest / "eval" / final_eval.name)
+        suites = sorted((run.run_dir / "eval").glob("suite_*.json"))  # gated evaluations (log.suite)
+        for f in ([final_eval] if keep_eval and final_eval.exists() else []) + suites:
+            (dest / "eval").mkdir(exist_ok=True)
+            shutil.copyfile(f, dest / "eval" / f.name)
     if spec.report and "overopt" in spec.report.tables and len(missing) < len(planned):
         from rhlab.rm.overopt import arm_fits
 
@@ -223,6 +225,30 @@ def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str =
                       f"; training batches, mean of a run's first → last {w} steps (every 5th step logged)."])
 
 
+def gates_block(path: Path) -> str:
+    """A gated evaluation suite (log.suite) per arm: each gate's post − baseline change over seeds and how
+    many seeds pass it, and how many pass every gate."""
+    from .tables import mean_sem
+
+    runs = _runs(path)
+    res = {id(r): json.loads(f.read_text())["results"] for r in runs for f in sorted((r.path / "eval").glob("suite_*.json"))}
+    runs = [r for r in runs if id(r) in res]
+    if not runs:
+        raise ReportError(f"{path}: no run has a gated suite (eval/suite_*.json)")
+    gates = [(g["name"], g["metric"], g["gate"]) for g in res[id(runs[0])]]
+    rows = []
+    for arm in sorted({r.arm for r in runs}):
+        mine = [res[id(r)] for r in runs if r.arm == arm]
+        cells = []
+        for i, _ in enumerate(gates):
+            st = mean_sem(x[i]["delta"] for x in mine)
+            cells.append(f"{fmt_stat(st.mean, st.sem, st.n)}; {sum(x[i]['passed'] for x in mine)}/{len(mine)} pass")
+        rows.append([arm, str(len(mine)), *cells, f"{sum(all(g['passed'] for g in x) for x in mine)}/{len(mine)}"])
+    head = ["arm", "n", *(f"{n}: Δ {m} ({g})" for n, m, g in gates), "seeds passing every gate"]
+    return "\n".join([md_table(head, rows), "", _seeds_line(runs, path) + "; Δ = post − baseline (the initial "
+                      "policy), each gate's own metric."])
+
+
 OVERSIGHT = ("flag_rate", "env_hack_rate", "disagree", "base_disagree", "recall", "fpr")
 
 
@@ -300,7 +326,8 @@ KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypoth
                                         "gpu_leetcode": gpu_leetcode_block, "text": text_block,
                                         "overopt": overopt_block, "projection": projection_block,
                                         "routing": routing_block, "oversight": oversight_block,
-                                        "rm": rm_block, "trajectory": trajectory_block}
+                                        "rm": rm_block, "trajectory": trajectory_block,
+                                        "gates": gates_block}
 
 
 def render(spec: str) -> str:
