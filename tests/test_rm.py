@@ -200,7 +200,8 @@ def test_arm_overopt_table_by_hand(tmp_path):
     assert s["d end"] == pytest.approx(np.mean([math.sqrt(0.01 * i * 25) for i in (5, 6, 7)]))
     table = arm_overopt_table([tmp_path], window=3)
     grpo = next(line for line in table.splitlines() if line.startswith("| grpo"))
-    assert "| grpo | 2 | " in grpo and "| 2.433 ± 0.100 |" in grpo  # peak: (7/3 + 7/3 + 0.2) / 2, SEM 0.1
+    # peak: (7/3 + 7/3 + 0.2) / 2, SEM 0.1, 95 % t interval with 1 df: ± 12.706 x 0.1
+    assert "| grpo | 2 | " in grpo and "| 2.433 ± 0.100 [1.163, 3.704] |" in grpo
     assert "| rloo | 1 |" in table and "1.333 ± —" in table  # one seed: no SEM
 
 
