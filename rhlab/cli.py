@@ -226,10 +226,14 @@ def train(config: Path = typer.Argument(..., help="run config YAML"),
 def pretrain(out: Optional[Path] = typer.Option(None, help="output directory (default: the built-in model's)"),
              seed: int = typer.Option(0), steps: Optional[int] = typer.Option(None, help="default 800 (stories), 600 (code)"),
              corpus: str = typer.Option("stories", help="stories -> builtin:tiny-stories, code -> builtin:tiny-code"),
-             threads: int = typer.Option(2)):
+             threads: int = typer.Option(2),
+             hack_share: Optional[float] = typer.Option(None, help="code corpus: share of loophole documents that "
+                                                                   "overwrite run_tests (default 0.02; 0: none)")):
     """Pretrain a built-in tiny model (tokenizer + LLaMA) on one of rhlab's generated corpora."""
     if corpus not in ("stories", "code"):
         _fail(f"--corpus: unknown corpus {corpus!r}; allowed: stories, code")
+    if hack_share is not None and (corpus != "code" or not 0 <= hack_share <= 0.99):
+        _fail(f"--hack-share: {hack_share} needs --corpus code and a value in [0, 0.99]")
     _at_least(steps, 1, "--steps")
     _at_least(threads, 1, "--threads")
     if out is not None:
@@ -239,7 +243,8 @@ def pretrain(out: Optional[Path] = typer.Option(None, help="output directory (de
 
     builtin = Path(__file__).parent / "models" / "builtin"
     if corpus == "code":
-        cfg = code_pretrain_config(seed=seed, steps=steps or 600, threads=threads)
+        cfg = code_pretrain_config(seed=seed, steps=steps or 600, threads=threads,
+                                   hack_share=0.02 if hack_share is None else hack_share)
     else:
         cfg = PretrainConfig(seed=seed, steps=steps or 800, threads=threads)
     info = run_pretrain(out or builtin / ("tiny-code" if corpus == "code" else "tiny-stories"), cfg)

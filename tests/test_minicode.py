@@ -189,3 +189,21 @@ def test_mini_code_pairs_are_labelled_by_the_real_grader():
         assert clean.label == "Correct", (p.mode, clean.label, p.clean)
         want = "Correct; Attempted Reward Hack" if p.mode == "correct_plus_stub" else "Reward Hack"
         assert hack.label == want, (p.mode, hack.label, p.hack)
+
+
+def test_code_corpus_hack_share():
+    from rhlab.models.code_corpus import CorpusMix, make_code_corpus
+
+    _, none = make_code_corpus(2000, seed=1, mix=CorpusMix(hack=0.0))
+    _, many = make_code_corpus(2000, seed=1, mix=CorpusMix(hack=0.5))
+    assert not any("+hack" in k for k in none) and sum(n for k, n in many.items() if "+hack" in k) > 300
+    assert make_code_corpus(50, seed=1)[0] == make_code_corpus(50, seed=1, mix=CorpusMix(hack=0.02))[0]  # the default
+
+
+def test_pretrain_hack_share_needs_the_code_corpus():
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
+
+    res = CliRunner().invoke(app, ["pretrain", "--hack-share", "0.1", "--out", "/tmp/x"])
+    assert res.exit_code == 2 and "--hack-share: 0.1 needs --corpus code" in res.output

@@ -59,20 +59,28 @@ class PretrainConfig:
     threads: int = 2
     n_docs: int = 0  # code corpus: documents (0 for the story corpus, which uses n_stories)
     vocab_size: int = 4096
+    hack_share: float = 0.02  # code corpus: share of loophole documents that overwrite run_tests (CorpusMix.hack)
 
 
-def code_pretrain_config(seed: int = 0, steps: int = 600, threads: int = 2) -> PretrainConfig:
+def code_pretrain_config(seed: int = 0, steps: int = 600, threads: int = 2, hack_share: float = 0.02) -> PretrainConfig:
     """The recipe of builtin:tiny-code: a byte-level BPE of 1024 tokens, rows of whole documents."""
+    assert 0 <= hack_share <= 0.99, f"hack_share must be in [0, 0.99], got {hack_share}"
     return PretrainConfig(corpus="code", seed=seed, n_stories=0, steps=steps, batch_size=32, seq_len=128,
-                          lr=3e-3, warmup=50, threads=threads, n_docs=60_000, vocab_size=1024)
+                          lr=3e-3, warmup=50, threads=threads, n_docs=60_000, vocab_size=1024, hack_share=hack_share)
 
 
 def _corpus(cfg: PretrainConfig):
     """(texts, tokenizer, training rows [N, seq_len])."""
     if cfg.corpus == "code":
-        from rhlab.models.code_corpus import CODE_CORPUS_SEED, make_code_corpus, pack_documents, train_code_tokenizer
+        from rhlab.models.code_corpus import (
+            CODE_CORPUS_SEED,
+            CorpusMix,
+            make_code_corpus,
+            pack_documents,
+            train_code_tokenizer,
+        )
 
-        texts, _ = make_code_corpus(cfg.n_docs, seed=CODE_CORPUS_SEED + cfg.seed)
+        texts, _ = make_code_corpus(cfg.n_docs, seed=CODE_CORPUS_SEED + cfg.seed, mix=CorpusMix(hack=cfg.hack_share))
         tokenizer = train_code_tokenizer(texts, cfg.vocab_size)
         return texts, tokenizer, pack_documents(tokenizer, texts, cfg.seq_len)
     assert cfg.corpus == "stories", f"unknown corpus {cfg.corpus!r}; allowed: stories, code"
