@@ -65,7 +65,7 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
     shutil.copyfile(sweep_file, out / "sweep.yaml")
     (out / "source.txt").write_text(f"{sweep_file}\n")
     if spec.report and spec.report.hypotheses:
-        shutil.copyfile(sweep_file.parent / spec.report.hypotheses, out / "hypotheses.yaml")
+        shutil.copyfile(spec.report.hypotheses, out / "hypotheses.yaml")  # load_sweep made it a path from here
     missing, root = [], str(ROOT) + "/"
     keep_eval = bool(spec.report and "projection" in spec.report.tables)
     for run in planned:

@@ -130,8 +130,8 @@ def _resolve_sweep_paths(spec: SweepSpec, base: Path) -> None:
 def _resolve_value(key: str, value: Any, base: Path) -> Any:
     """The value of one `key.path: value` override, made absolute when the key holds a path."""
     keys = key.split(".")
-    if tuple(keys) not in PATH_KEYS and key != "model.name":
-        return value
+    if not any(tuple(keys) == pk[:len(keys)] for pk in PATH_KEYS) and key != "model.name":
+        return value  # neither a path key nor a section holding one (e.g. intervention.params.pair_params)
     nested = value
     for k in reversed(keys):
         nested = {k: nested}
