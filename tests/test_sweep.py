@@ -158,3 +158,13 @@ def test_one_command_runs_the_sweep_then_reports(tmp_path):
     _sweep(tmp_path, seeds=[1], report={"out": str(out), "tables": ["overopt"]})  # not a preference sweep
     res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml")])
     assert res.exit_code == 2 and "report table 'overopt'" in res.output and "reward/gold" in res.output
+
+
+def test_arm_override_paths_nested_in_a_section_are_relative_to_the_sweep_file():
+    from pathlib import Path
+
+    from rhlab.sweep.grid import load_sweep
+
+    spec, _ = load_sweep(Path(__file__).resolve().parents[1] / "configs" / "sweep_projection_engage.yaml")
+    path = Path(spec.arms["projected_g3"]["intervention.params.pair_params"]["path"])
+    assert path.is_absolute() and path.exists() and path.name == "happy_g3.jsonl"
