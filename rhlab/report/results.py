@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shutil
 import sys
@@ -134,7 +135,7 @@ def arms_block(path: Path, metrics: str, reference: str = "", arms: str = "", la
             for m in ms:
                 d, se, df = welch(table[a][m], table[reference][m])
                 h = t_half_width(se, df)
-                cells.append(f"{d:+.3f} [{fmt_num(d - h)}, {fmt_num(d + h)}]" if h == h else f"{d:+.3f}")
+                cells.append(f"{d:+.3f} [{fmt_num(d - h)}, {fmt_num(d + h)}]" if math.isfinite(h) else f"{d:+.3f}")
             drows.append([a, *cells])
         out += [md_table(["arm", *(f"Δ {n} vs {reference}" for n in names)], drows), ""]
     out.append(_seeds_line(runs, path) + ("; Δ: difference of means with its Welch 95 % interval." if reference
@@ -255,8 +256,6 @@ OVERSIGHT = ("flag_rate", "env_hack_rate", "disagree", "base_disagree", "recall"
 def oversight_block(path: Path, last: str = "25") -> str:
     """How often each overseen arm's training detector disagrees with the env's hack flag (the evaluation's
     measure) on the same training completions: per run the mean over its last `last` steps, then over seeds."""
-    import math
-
     from .tables import mean_sem
 
     runs = [r for r in _runs(path) if any("overseer/disagree" in m for m in r.metrics)]
