@@ -87,6 +87,7 @@ def test_on_gradients_projects_every_module_and_logs_diagnostics():
     assert m["proj/frac_fired"] == pytest.approx(2 / 3)
     assert m["proj/mean_cos"] == pytest.approx((2 ** -0.5 - 1 + 1) / 3)
     assert m["proj/grad_norm"] == pytest.approx((2 ** 0.5 + 1 + 2) / 3)
+    assert [m[f"proj/cos/m{i}"] for i in range(3)] == pytest.approx([2 ** -0.5, -1.0, 1.0])  # per module
     assert arm.metrics() == {}  # nothing new since the last step
     assert arm.extra_evals(None)["proj"]["frac_fired"] == pytest.approx(2 / 3)
 
@@ -96,6 +97,16 @@ def test_measure_only_mode_leaves_gradients_alone():
     arm.on_gradients(None)
     assert torch.equal(arm.modules["m0"].delta_S.grad, torch.tensor([1.0, 1.0]))
     assert arm.metrics()["proj/frac_fired"] == 1.0
+
+
+def test_per_module_cos_is_the_mean_over_a_steps_calls():
+    arm = fake_projection_trainer([[1.0, 0.0], [-1.0, 0.0]], [[1.0, 0.0], [1.0, 0.0]], project_on=False)
+    arm.on_gradients(None)
+    arm.modules["m1"].delta_S.grad = torch.tensor([0.0, 1.0])
+    arm.on_gradients(None)
+    m = arm.metrics()
+    assert (m["proj/cos/m0"], m["proj/cos/m1"]) == pytest.approx((1.0, -0.5))
+    assert m["proj/mean_cos"] == pytest.approx((1.0 - 1.0) / 2 / 2 + (1.0 + 0.0) / 2 / 2)
 
 
 # ---- extraction -----------------------------------------------------------------------
@@ -248,6 +259,9 @@ def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path, capsys):
     d = tmp_path / summary["run_name"]
     rows = read_jsonl(d / "metrics.jsonl")
     assert all(0 <= r["proj/frac_fired"] <= 1 and r["proj/grad_norm"] > 0 for r in rows)
+    cos = [k for k in rows[-1] if k.startswith("proj/cos/")]  # one per SVD module, short names
+    assert "proj/cos/L0.q_proj" in cos and len(cos) >= 7, cos
+    assert all(-1 <= rows[-1][k] <= 1 for k in cos)
     assert {"proj/mean_cos", "proj/std_cos", "proj/grad_norm", "proj/frac_fired"} <= set(summary["final"])
     assert (d / "v_hack" / "v_hack.hist.png").exists() and (d / "v_hack" / "v_hack.validation.json").exists()
     assert len(list((tmp_path / "cache" / "directions").glob("*.safetensors"))) == 1

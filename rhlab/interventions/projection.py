@@ -13,13 +13,16 @@ directions means nothing), then rescaled. Its "cos" is |Q Q^T g| / |g| (the shar
 in the span), "fired" when that exceeds 1e-6.
 
 Diagnostics per step (metrics.jsonl): proj/mean_cos, proj/std_cos (over modules), proj/grad_norm
-(mean |g| over modules, before projection), proj/frac_fired (fraction of modules with cos > 0).
+(mean |g| over modules, before projection), proj/frac_fired (fraction of modules with cos > 0), and
+each module's own cos as proj/cos/<module> (short_name: "L0.q_proj", "lm_head"), so a trajectory shows
+which modules engage.
 Their mean over the last `window` steps goes into every evaluation as proj/<name>, so into
 summary.json "final" and the report's table.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -36,6 +39,12 @@ from rhlab.interventions.base import INTERVENTIONS, Intervention
 
 SVD_KEYS = {"enabled", "targets", "rank", "cache_dir"}
 DIAGNOSTICS = ("mean_cos", "std_cos", "grad_norm", "frac_fired")
+
+
+def short_name(module: str) -> str:
+    """'model.layers.3.self_attn.q_proj' -> 'L3.q_proj'; a module outside the layers keeps its last name."""
+    m = re.search(r"layers\.(\d+)\..*?(\w+)$", module)
+    return f"L{m[1]}.{m[2]}" if m else module.rsplit(".", 1)[-1]
 
 
 def project(g: torch.Tensor, v: torch.Tensor, rescale: bool = True) -> tuple[torch.Tensor, float, bool]:
@@ -181,7 +190,7 @@ class Projection(SVDArm):
         (dest / "path.txt").write_text(str(path) + "\n")
 
     def on_gradients(self, trainer) -> None:
-        coss, norms, fired = [], [], 0
+        coss, norms, fired, per_module = [], [], 0, {}
         for name, m in self.modules.items():
             g = m.delta_S.grad
             if g is None:
@@ -189,6 +198,7 @@ class Projection(SVDArm):
             new, cos, hit = (project_span(g.float(), self.basis[name], self.rescale) if self.basis
                              else project(g.float(), self.v[name], self.rescale))
             coss.append(cos)
+            per_module[short_name(name)] = cos
             norms.append(float(g.norm()))
             fired += hit
             if self.project_on and hit:
@@ -196,15 +206,19 @@ class Projection(SVDArm):
         assert coss, "no SVD module received a gradient"
         c = torch.tensor(coss)
         self._calls.append({"mean_cos": float(c.mean()), "std_cos": float(c.std()) if len(coss) > 1 else 0.0,
-                            "grad_norm": sum(norms) / len(norms), "frac_fired": fired / len(coss)})
+                            "grad_norm": sum(norms) / len(norms), "frac_fired": fired / len(coss),
+                            "modules": per_module})
 
     def metrics(self) -> dict[str, float]:
         if not self._calls:
             return {}
-        row = {k: sum(c[k] for c in self._calls) / len(self._calls) for k in DIAGNOSTICS}
+        n = len(self._calls)
+        row = {k: sum(c[k] for c in self._calls) / n for k in DIAGNOSTICS}
+        seen = [(m, c) for call in self._calls for m, c in call["modules"].items()]
+        cos = {m: sum(c for k, c in seen if k == m) / sum(k == m for k, _ in seen) for m in dict(seen)}
         self._calls = []
         self.history.append(row)
-        return {f"proj/{k}": v for k, v in row.items()}
+        return {**{f"proj/{k}": v for k, v in row.items()}, **{f"proj/cos/{m}": v for m, v in cos.items()}}
 
     def state_dict(self) -> dict:
         """The per-step diagnostics, so a resumed run's window means cover the steps before the resume."""
