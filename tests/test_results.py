@@ -56,3 +56,46 @@ def test_an_edited_run_artifact_changes_the_arm_and_overopt_tables(tmp_path, mon
     last["reward/gold"] -= 1.0
     (run / "metrics.jsonl").write_text("\n".join(rows[:-1] + [json.dumps(last)]) + "\n")
     assert render("overopt exp") != fits
+
+
+def _projection_copy(tmp_path, monkeypatch, arm="_vanilla_", seeds=(1, 2)):
+    """Two vanilla projection runs copied to tmp_path/exp; returns their run dirs."""
+    import rhlab.report.results as results
+
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    src = sorted(p for p in (ROOT / "results" / "projection" / "runs").iterdir()
+                 if arm in p.name and int(p.name.rsplit("_s", 1)[1]) in seeds)
+    for p in src:
+        shutil.copytree(p, tmp_path / "exp" / "runs" / p.name)
+    return sorted((tmp_path / "exp" / "runs").iterdir())
+
+
+def test_seeds_block_lists_every_run_and_its_training_mean(tmp_path, monkeypatch):
+    runs = _projection_copy(tmp_path, monkeypatch)
+    for i, run in enumerate(runs):  # a training metric set to (i + 1) * step on every logged step
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "x": (i + 1) * r["step"]}) + "\n" for r in rows))
+    text = render("seeds exp arms=vanilla final=hack_rate train=x")
+    steps = [json.loads(line)["step"] for line in (runs[0] / "metrics.jsonl").read_text().splitlines()]
+    hack = json.loads((runs[1] / "summary.json").read_text())["final"]["hack_rate"]
+    assert f"| vanilla | 2 | {hack:.3f} | {2 * sum(steps) / len(steps):.3f} |" in text
+    assert text.count("| vanilla |") == 2
+    with pytest.raises(ReportError, match="unknown arm 'nope'"):
+        render("seeds exp arms=nope final=hack_rate")
+    with pytest.raises(ReportError, match="no final metric 'nope'"):
+        render("seeds exp arms=vanilla final=nope")
+
+
+def test_module_cos_block_averages_layers_then_windows_then_seeds(tmp_path, monkeypatch):
+    runs = _projection_copy(tmp_path, monkeypatch)
+    with pytest.raises(ReportError, match="no run logs per-module cosines"):
+        render("module_cos exp")
+    for i, run in enumerate(runs):  # q_proj: layer 0 at 0.1, layer 1 at 0.3 (+ 0.2 on seed 2); lm_head -0.5
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        late = [{**r, "proj/cos/L0.q_proj": 0.1 + 0.2 * i, "proj/cos/L1.q_proj": 0.3 + 0.2 * i,
+                 "proj/cos/lm_head": -0.5} for r in rows]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in late))
+    text = render("module_cos exp window=25")
+    # q_proj per run: 0.2 and 0.4 -> mean 0.3, SEM 0.1, t(1) 95 % half width 12.706 * 0.1
+    assert "| q_proj | 0.300 ± 0.100 [-0.971, 1.571] → 0.300 ± 0.100 [-0.971, 1.571] |" in text
+    assert "| lm_head | -0.500 ± 0.000" in text and "vanilla (n = 2)" in text

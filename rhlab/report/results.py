@@ -226,6 +226,71 @@ def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str =
                       f"; training batches, mean of a run's first → last {w} steps (every 5th step logged)."])
 
 
+def seeds_block(path: Path, arms: str, final: str = "", train: str = "", labels: str = "") -> str:
+    """One row per run of the given arms: its final evaluation's `final` metrics and, for each `train` metric,
+    the mean over every logged training step where it is defined (the per-seed spread a mean hides)."""
+    runs, fin, tr = _runs(path), [m for m in final.split(",") if m], [m for m in train.split(",") if m]
+    wanted = arms.split(",")
+    unknown = sorted(set(wanted) - {r.arm for r in runs})
+    if unknown:
+        raise ReportError(f"{path}: unknown arm {unknown[0]!r}; allowed: {', '.join(sorted({r.arm for r in runs}))}")
+    names = labels.split(",") if labels else fin + [f"{m} (training mean)" for m in tr]
+    if len(names) != len(fin) + len(tr):
+        raise ReportError(f"{path}: {len(names)} labels for {len(fin) + len(tr)} metrics")
+
+    def train_mean(r, m):
+        xs = [x[m] for x in r.metrics if m in x and math.isfinite(x[m])]
+        return sum(xs) / len(xs) if xs else math.nan
+
+    rows = []
+    for r in sorted((r for r in runs if r.arm in wanted), key=lambda r: (wanted.index(r.arm), r.seed)):
+        missing = [m for m in fin if m not in r.final]
+        if missing:
+            raise ReportError(f"{r.path}: no final metric {missing[0]!r}")
+        rows.append([r.arm, str(r.seed)] + [fmt_num(r.final[m]) for m in fin] + [fmt_num(train_mean(r, m)) for m in tr])
+    seeds = sorted({r.seed for r in runs})
+    return "\n".join([md_table(["arm", "seed", *names], rows), "",
+                      f"Source: `{path.relative_to(ROOT)}` (seeds {', '.join(map(str, seeds))}); one row per run, "
+                      "no interval (per-seed values; training means over the logged steps, every 5th)."])
+
+
+def module_cos_block(path: Path, arms: str = "", window: str = "25") -> str:
+    """Per SVD module type, each arm's cosine between the step's gradient and v_hack (proj/cos/L<i>.<type>,
+    averaged over layers): mean over a run's first → last `window` steps, then over seeds."""
+    from .tables import mean_sem
+
+    runs, w = [r for r in _runs(path) if any(k.startswith("proj/cos/") for k in r.metrics[-1])], int(window)
+    if not runs:
+        raise ReportError(f"{path}: no run logs per-module cosines (proj/cos/*)")
+    order = arms.split(",") if arms else sorted({r.arm for r in runs})
+    types = sorted({k.rsplit(".", 1)[-1].removeprefix("proj/cos/") for k in runs[0].metrics[-1]
+                    if k.startswith("proj/cos/")})
+
+    def window_mean(r, t, first: bool):
+        rows = [x for x in r.metrics if x["step"] <= w] if first else [x for x in r.metrics if x["step"] > r.steps - w]
+        per_step = [[v for k, v in x.items() if k.startswith("proj/cos/") and k.rsplit(".", 1)[-1].removeprefix(
+            "proj/cos/") == t] for x in rows]
+        per_step = [sum(v) / len(v) for v in per_step if v]
+        assert per_step, f"{r.path}: no proj/cos/*{t} in its {'first' if first else 'last'} {w} steps"
+        return sum(per_step) / len(per_step)
+
+    rows = []
+    for t in types:
+        cells = []
+        for arm in order:
+            mine = [r for r in runs if r.arm == arm]
+            if not mine:
+                raise ReportError(f"{path}: no run of arm {arm!r} logs per-module cosines")
+            a, b = (mean_sem(window_mean(r, t, first) for r in mine) for first in (True, False))
+            cells.append(f"{fmt_stat(a.mean, a.sem, a.n)} → {fmt_stat(b.mean, b.sem, b.n)}")
+        rows.append([t, *cells])
+    ns = [str(sum(r.arm == a for r in runs)) for a in order]
+    return "\n".join([md_table(["module", *(f"{a} (n = {n})" for a, n in zip(order, ns))], rows), "",
+                      _seeds_line([r for r in runs if r.arm in order], path) + f"; cos of each module's gradient "
+                      f"with v_hack before projection, averaged over layers, first → last {w} steps (every 5th "
+                      "logged)."])
+
+
 def gates_block(path: Path) -> str:
     """A gated evaluation suite (log.suite) per arm: each gate's post − baseline change over seeds and how
     many seeds pass it, and how many pass every gate."""
@@ -326,7 +391,8 @@ KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypoth
                                         "overopt": overopt_block, "projection": projection_block,
                                         "routing": routing_block, "oversight": oversight_block,
                                         "rm": rm_block, "trajectory": trajectory_block,
-                                        "gates": gates_block}
+                                        "gates": gates_block, "seeds": seeds_block,
+                                        "module_cos": module_cos_block}
 
 
 def render(spec: str) -> str:
