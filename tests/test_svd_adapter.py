@@ -79,3 +79,37 @@ def test_delta_s_gradient_is_the_rank_space_formula():
     dy = torch.randn_like(y)
     (y * dy).sum().backward()
     assert torch.allclose(m.delta_S.grad, ((x @ Vh.T) * (dy @ U)).sum(0), atol=1e-5)
+
+
+def test_cayley_rotation_is_identity_at_zero_orthogonal_and_trains():
+    torch.manual_seed(0)
+    W, b = torch.randn(6, 10), torch.randn(6)
+    U, S, Vh = torch.linalg.svd(W, full_matrices=False)  # rank 6: two blocks of 3
+    m = SVDLinear(U, S, Vh, b, rotation=3, max_angle=0.5)
+    x = torch.randn(5, 10)
+    assert torch.allclose(m(x), x @ W.T + b, atol=1e-5)  # rot_T = 0: R = I
+    assert m.rot_T.shape == (2, 3) and m.rot_T.requires_grad
+    with torch.no_grad():
+        m.rot_T.normal_(0, 2.0)
+    R = m.rotation()
+    assert torch.allclose(R @ R.transpose(-1, -2), torch.eye(3).expand(2, 3, 3), atol=1e-5)
+    assert torch.allclose(torch.linalg.det(R), torch.ones(2), atol=1e-5)  # a rotation, not a reflection
+    angles = torch.linalg.eigvals(R).angle().abs()  # bounded: tanh squashes A to |a| < 2 tan(max_angle / 2)
+    assert float(angles.max()) < 1.0 + 1e-5
+    # the forward is ((x (R Vh)^T) * S) U^T + b with R block-diagonal
+    full = torch.block_diag(*R)
+    assert torch.allclose(m(x), ((x @ (full @ Vh).T) * S) @ U.T + b, atol=1e-5)
+    m(x).pow(2).sum().backward()
+    assert m.rot_T.grad.abs().sum() > 0 and m.delta_S.grad.abs().sum() > 0
+    with pytest.raises(AssertionError, match="must be >= 2 and divide rank 6"):
+        SVDLinear(U, S, Vh, b, rotation=4)
+
+
+def test_rotating_wrap_keeps_the_model_and_trains_rot_t(tiny, tmp_path):
+    model, tok = tiny
+    ids = torch.tensor([tok("mia felt sad. then tom came to help.")["input_ids"]])
+    before = logits(model, ids)
+    wrap_svd(model, "builtin:tiny-stories", cache_dir=tmp_path, rotation=4)
+    assert (logits(model, ids) - before).abs().max() < 1e-3
+    trainable = {n.rsplit(".", 1)[1] for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"delta_S", "rot_T"}

@@ -6,11 +6,18 @@
 The rank axis stays pinned to the SVD basis of the original weight, so a direction in delta_S
 space (v_hack, see rhlab/interventions/direction.py) means the same thing at every training step.
 At delta_S = 0 the wrapped model equals the original (to float precision; tested).
+
+Optional block-Cayley rotation of the input basis (AntiPaSTO's `rot_T`, `rotation=bs`): a trainable
+rot_T [r / bs, bs (bs - 1) / 2] fills a skew-symmetric A per block of bs rank directions, bounded by
+max_angle (A <- a tanh(A / a), a = 2 tan(max_angle / 2)); R = (I - A/2)^-1 (I + A/2) is orthogonal and Vh
+becomes R Vh. rot_T = 0 gives R = I. The rotation moves the rank axes, so a v_hack extracted at step 0
+describes the rotated adapter less well the further R turns (the reason it is off by default).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from pathlib import Path
@@ -33,7 +40,7 @@ class SVDLinear(nn.Module):
     """Replacement for an nn.Linear; only delta_S [r] is trainable."""
 
     def __init__(self, U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, bias: torch.Tensor | None,
-                 W_res: torch.Tensor | None = None):
+                 W_res: torch.Tensor | None = None, rotation: int = 0, max_angle: float = 0.5):
         super().__init__()
         r = S.shape[0]
         assert U.shape[1] == r and Vh.shape[0] == r, f"SVD shapes disagree: U {U.shape}, S {S.shape}, Vh {Vh.shape}"
@@ -46,9 +53,32 @@ class SVDLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
         # float32 even under bf16 so small Adam updates are not rounded away
         self.delta_S = nn.Parameter(torch.zeros(r, dtype=torch.float32, device=S.device))
+        self.rot_T = None
+        if rotation:
+            assert rotation >= 2 and r % rotation == 0, f"rotation block size {rotation} must be >= 2 and divide rank {r}"
+            assert 0 < max_angle < math.pi, f"max_angle must be in (0, pi), got {max_angle}"
+            self.block, self.max_angle = rotation, max_angle
+            self.rot_T = nn.Parameter(torch.zeros(r // rotation, rotation * (rotation - 1) // 2, dtype=torch.float32,
+                                                  device=S.device))
+
+    def rotation(self) -> torch.Tensor:
+        """R's blocks [r / bs, bs, bs] (orthogonal; identity at rot_T = 0)."""
+        n, bs = self.rot_T.shape[0], self.block
+        rows, cols = torch.triu_indices(bs, bs, offset=1, device=self.rot_T.device)
+        A = self.rot_T.new_zeros(n, bs, bs)
+        A[:, rows, cols] = self.rot_T
+        A = 0.5 * (A - A.transpose(-1, -2))
+        limit = 2.0 * math.tan(self.max_angle / 2.0)
+        A = limit * torch.tanh(A / limit)
+        eye = torch.eye(bs, dtype=A.dtype, device=A.device).expand_as(A)
+        return torch.linalg.solve(eye - A / 2, eye + A / 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = (x @ self.Vh.T) * (self.S + self.delta_S).to(x.dtype)
+        h = x @ self.Vh.T
+        if self.rot_T is not None:  # x (R Vh)^T = h R^T, block by block
+            R = self.rotation().to(x.dtype)
+            h = torch.einsum("...bj,bij->...bi", h.unflatten(-1, (R.shape[0], self.block)), R).flatten(-2)
+        h = h * (self.S + self.delta_S).to(x.dtype)
         y = h @ self.U.T
         if self.W_res is not None:
             y = y + x @ self.W_res.T
@@ -57,7 +87,8 @@ class SVDLinear(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, residual={self.W_res is not None}"
+        rot = f", rotation={self.block}" if self.rot_T is not None else ""
+        return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, residual={self.W_res is not None}{rot}"
 
 
 def target_linears(model: nn.Module, targets: list[str]) -> dict[str, nn.Linear]:
@@ -105,7 +136,8 @@ def svd_cached(weight: torch.Tensor, path: Path) -> tuple[torch.Tensor, torch.Te
     return U, S, Vh, False
 
 
-def svd_linear_from(lin: nn.Linear, U, S, Vh, rank: int | None = None) -> SVDLinear:
+def svd_linear_from(lin: nn.Linear, U, S, Vh, rank: int | None = None, rotation: int = 0,
+                    max_angle: float = 0.5) -> SVDLinear:
     """Wrap lin with the top `rank` singular directions (None = full); the rest goes to W_res."""
     W = lin.weight.detach()
     r_full = S.shape[0]
@@ -117,12 +149,13 @@ def svd_linear_from(lin: nn.Linear, U, S, Vh, rank: int | None = None) -> SVDLin
     if r < r_full:  # reduced rank: keep the discarded part exactly, frozen
         W_res = (W.float() - (U_r * S_r) @ Vh_r).to(dt)
     bias = None if lin.bias is None else lin.bias.detach().clone()
-    return SVDLinear(U_r.to(dt).contiguous(), S_r, Vh_r.to(dt).contiguous(), bias, W_res)
+    return SVDLinear(U_r.to(dt).contiguous(), S_r, Vh_r.to(dt).contiguous(), bias, W_res, rotation, max_angle)
 
 
 def wrap_svd(model: nn.Module, model_name: str, targets: list[str] | None = None, rank: int | None = None,
-             cache_dir: str | Path | None = None) -> dict:
-    """Freeze the model and replace each target nn.Linear with an SVDLinear, in place.
+             cache_dir: str | Path | None = None, rotation: int = 0, max_angle: float = 0.5) -> dict:
+    """Freeze the model and replace each target nn.Linear with an SVDLinear (with a block-Cayley rotation of
+    block size `rotation` when > 0), in place.
     Returns {"modules": [paths], "cache_dir": str, "cache_hits": int}."""
     targets = list(targets or ALL_LINEAR)
     linears = target_linears(model, targets)
@@ -134,7 +167,7 @@ def wrap_svd(model: nn.Module, model_name: str, targets: list[str] | None = None
         hits += hit
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, svd_linear_from(lin, U, S, Vh, rank))
+        setattr(parent, child, svd_linear_from(lin, U, S, Vh, rank, rotation, max_angle))
     return {"modules": sorted(linears), "cache_dir": str(root), "cache_hits": hits}
 
 

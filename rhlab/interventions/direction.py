@@ -69,8 +69,8 @@ def completion_grads(model, tok, items: list[tuple[str, str]]) -> dict[str, torc
         for n, m in mods.items():
             assert m.delta_S.grad is not None, f"{n}: no gradient reached delta_S"
             out[n].append(m.delta_S.grad.detach().float().cpu().clone())
-    for m in mods.values():
-        m.delta_S.grad = None  # leave nothing behind for the optimizer
+    for p in model.parameters():
+        p.grad = None  # leave nothing behind for the optimizer (delta_S, and rot_T when the adapter rotates)
     model.train(was_training)
     return {n: torch.stack(g) for n, g in out.items()}
 

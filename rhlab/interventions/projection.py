@@ -37,7 +37,7 @@ from rhlab.interventions.direction import (
 )
 from rhlab.interventions.base import INTERVENTIONS, Intervention
 
-SVD_KEYS = {"enabled", "targets", "rank", "cache_dir"}
+SVD_KEYS = {"enabled", "targets", "rank", "cache_dir", "rotation", "max_angle"}
 DIAGNOSTICS = ("mean_cos", "std_cos", "grad_norm", "frac_fired")
 
 
@@ -94,7 +94,8 @@ def orthonormal_basis(vs: list[torch.Tensor]) -> torch.Tensor:
 
 class SVDArm(Intervention):
     """Base of every arm in the projection experiment: the model trains only delta_S of SVD adapters.
-    svd: {enabled (true), targets (all attn + MLP linears), rank (null = full), cache_dir}."""
+    svd: {enabled (true), targets (all attn + MLP linears), rank (null = full), cache_dir, rotation (0 = off,
+    else the block size of a trainable Cayley rotation of each input basis), max_angle (0.5 rad)}."""
     name = "svd"
 
     def __init__(self, svd: dict | None = None):
@@ -102,7 +103,8 @@ class SVDArm(Intervention):
         unknown = set(svd) - SVD_KEYS
         if unknown:
             raise ValueError(f"intervention.params.svd: unknown keys {sorted(unknown)}; allowed: {sorted(SVD_KEYS)}")
-        self.svd = {"enabled": True, "targets": None, "rank": None, "cache_dir": None, **svd}
+        self.svd = {"enabled": True, "targets": None, "rank": None, "cache_dir": None, "rotation": 0,
+                    "max_angle": 0.5, **svd}
         self.svd_info: dict = {}
 
     def cache_dir(self) -> Path:
@@ -114,7 +116,7 @@ class SVDArm(Intervention):
         if trainer.cfg.model.lora.enabled:
             raise ValueError("the SVD adapter replaces LoRA: set model.lora.enabled=false (or svd.enabled=false)")
         self.svd_info = wrap_svd(model, trainer.cfg.model.name, self.svd["targets"], self.svd["rank"],
-                                 self.cache_dir())
+                                 self.cache_dir(), self.svd["rotation"], self.svd["max_angle"])
         return model
 
 
