@@ -99,3 +99,11 @@ def test_module_cos_block_averages_layers_then_windows_then_seeds(tmp_path, monk
     # q_proj per run: 0.2 and 0.4 -> mean 0.3, SEM 0.1, t(1) 95 % half width 12.706 * 0.1
     assert "| q_proj | 0.300 ± 0.100 [-0.971, 1.571] → 0.300 ± 0.100 [-0.971, 1.571] |" in text
     assert "| lm_head | -0.500 ± 0.000" in text and "vanilla (n = 2)" in text
+
+
+def test_routing_block_picks_its_columns(tmp_path, monkeypatch):
+    _projection_copy(tmp_path, monkeypatch)  # arms without adapter modes show their evaluation as `both`
+    text = render("routing exp metrics=hack_rate,kl")
+    assert text.splitlines()[0] == "| arm | mode | n | hack_rate | kl |" and "| vanilla | both | 2 |" in text
+    with pytest.raises(AssertionError, match="unknown metric 'nope'"):
+        render("routing exp metrics=nope")

@@ -193,12 +193,13 @@ def projection_block(path: Path, reference: str = "vanilla") -> str:
                       "; percentages for rates; Δ SafePass: Welch 95 % interval."])
 
 
-def routing_block(path: Path) -> str:
+def routing_block(path: Path, metrics: str = "") -> str:
     """The routing table: each arm under each adapter mode (rhlab/report/routing_table.py)."""
     from .routing_table import routing_table
 
     runs = _runs(path)
-    return "\n".join([routing_table([path / "runs"]), "", _seeds_line(runs, path) + "."])
+    return "\n".join([routing_table([path / "runs"], metrics.split(",") if metrics else None), "",
+                      _seeds_line(runs, path) + "."])
 
 
 def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str = "") -> str:

@@ -18,14 +18,17 @@ from .tables import fmt_stat, md_table, mean_sem
 TABLE_METRICS = ("hack_rate", "task_score", "pass_rate", "reward_mean", "distinct_2", "kl")
 
 
-def routing_table(paths) -> str:
+def routing_table(paths, metrics: list[str] | None = None) -> str:
     """Mean ± SEM over seeds of the final evaluation, by arm and adapter mode (arms without modes,
     e.g. the LoRA baseline, show their plain evaluation as `both`), plus the initial policy; with
-    env.eval_rewards, one column per evaluated reward part (the decomposition)."""
+    env.eval_rewards, one column per evaluated reward part (the decomposition). `metrics` picks the columns."""
     runs = [r for r in load_runs(paths) if r.complete]
     assert runs, f"no complete runs under {paths}"
     parts = sorted({k for r in runs for k in r.final if k.startswith("eval_reward/")})
-    metrics = (*TABLE_METRICS, *parts)
+    known = (*TABLE_METRICS, *parts)
+    unknown = [m for m in metrics or [] if m not in known]
+    assert not unknown, f"routing table: unknown metric {unknown[0]!r}; allowed: {', '.join(known)}"
+    metrics = tuple(metrics or known)
     initial = [_read_initial(r.path, metrics) for r in runs]
     rows = [("initial", "-", initial)]
     for arm in sorted({r.arm for r in runs}):
