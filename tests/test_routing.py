@@ -349,3 +349,8 @@ def test_advantage_split_by_hand():
     assert s["routing/unrouted_in_routed_groups_frac"] == pytest.approx(2 / 6)
     assert s["routing/unrouted_negative_frac"] == pytest.approx(3 / 5)
     assert math.isnan(advantage_split(adv, torch.zeros(6, dtype=torch.bool), 3)["routing/adv_routed"])
+    # the env flags completions 0 (routed), 3 and 4 (missed): the hack signal that reaches retain
+    s = advantage_split(adv, routed, 3, [True, False, False, True, True, False])
+    assert s["routing/unrouted_hack_frac"] == pytest.approx(2 / 6)
+    assert s["routing/adv_unrouted_hacks"] == pytest.approx((0.5 - 0.5) / 2)
+    assert math.isnan(advantage_split(adv, routed, 3, [True] + [False] * 5)["routing/adv_unrouted_hacks"])

@@ -95,7 +95,8 @@ class Routing(Intervention):
 
     def advantages(self, trainer, batch, adv: torch.Tensor) -> torch.Tensor:
         """Unchanged: only logs what pushes each adapter (advantage_split)."""
-        self.stats.update(advantage_split(adv, batch.extra["routing_flag"], trainer.cfg.train.num_generations))
+        self.stats.update(advantage_split(adv, batch.extra["routing_flag"], trainer.cfg.train.num_generations,
+                                          batch.scores.hack))
         return adv
 
     def oversee(self, base: torch.Tensor, seed: int, step: int) -> torch.Tensor:
@@ -133,10 +134,13 @@ class Routing(Intervention):
         return out
 
 
-def advantage_split(adv: torch.Tensor, routed: torch.Tensor, group: int) -> dict[str, float]:
+def advantage_split(adv: torch.Tensor, routed: torch.Tensor, group: int,
+                    hack: list[bool] | torch.Tensor | None = None) -> dict[str, float]:
     """Advantages of routed (forget-only) and unrouted (both adapters) completions, and of the unrouted ones
     that share a group with a routed one: under group-relative advantages those are pushed down by the
-    hack's reward, and with per-completion routing that push reaches the retain adapter."""
+    hack's reward, and with per-completion routing that push reaches the retain adapter. With the env's hack
+    flags, also the unrouted hacks (the overseer missed them): their advantage is the hack signal that
+    reaches the retain adapter."""
     adv, routed = adv.detach().float().cpu(), routed.bool().cpu()
     in_hack_group = routed.view(-1, group).any(1, keepdim=True).expand(-1, group).reshape(-1) & ~routed
     nan = float("nan")
@@ -147,7 +151,14 @@ def advantage_split(adv: torch.Tensor, routed: torch.Tensor, group: int) -> dict
     return {"routing/adv_routed": mean(routed), "routing/adv_unrouted": mean(~routed),
             "routing/adv_unrouted_in_routed_groups": mean(in_hack_group),
             "routing/unrouted_in_routed_groups_frac": float(in_hack_group.float().mean()),
-            "routing/unrouted_negative_frac": float((adv[~routed] < 0).float().mean()) if (~routed).any() else nan}
+            "routing/unrouted_negative_frac": float((adv[~routed] < 0).float().mean()) if (~routed).any() else nan,
+            **(_missed_hacks(adv, routed, torch.as_tensor(hack, dtype=torch.bool).cpu()) if hack is not None else {})}
+
+
+def _missed_hacks(adv: torch.Tensor, routed: torch.Tensor, hack: torch.Tensor) -> dict[str, float]:
+    missed = hack & ~routed
+    return {"routing/unrouted_hack_frac": float(missed.float().mean()),
+            "routing/adv_unrouted_hacks": float(adv[missed].mean()) if missed.any() else float("nan")}
 
 
 def _check_detector(detector: str, detector_params: dict | None) -> None:
