@@ -107,3 +107,15 @@ def test_routing_block_picks_its_columns(tmp_path, monkeypatch):
     assert text.splitlines()[0] == "| arm | mode | n | hack_rate | kl |" and "| vanilla | both | 2 |" in text
     with pytest.raises(AssertionError, match="unknown metric 'nope'"):
         render("routing exp metrics=nope")
+
+
+def test_grade_rounds_reads_paired_rounds_and_refuses_unpaired(tmp_path, monkeypatch):
+    import rhlab.report.results as results
+
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    text = (ROOT / "results" / "grade_speed" / "rounds_quiet.log").read_text()
+    (tmp_path / "r.log").write_text(text)
+    assert "| 1 | 20.7 | C=77 I=3 | 21.3 | C=79 I=1 | 1.03x |" in render("grade_rounds r.log")
+    (tmp_path / "r.log").write_text(text[:text.index("### round 1: after")])
+    with pytest.raises(ReportError, match="paired"):
+        render("grade_rounds r.log")

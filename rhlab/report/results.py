@@ -382,6 +382,48 @@ def gpu_leetcode_block(path: Path) -> str:
                       f"timed step(s) after one warm-up step: a single measurement, not an interval)."])
 
 
+def grade_rounds_block(path: Path) -> str:
+    """benchmarks/grade_speed.py's paired rounds (a log of '### round N: before|after' sections): each round's
+    total wall seconds and canonical labels per sandbox, their ratio, and the median ratio."""
+    import statistics
+
+    sections = re.findall(r"^### round (\d+): (before|after).*?\n(.*?)(?=^### |\Z)", path.read_text(), re.S | re.M)
+    rounds: dict[str, dict[str, tuple[float, str]]] = {}
+    for n, side, body in sections:
+        wall = re.search(r"^total\s+\d+\s+\d+\s+([\d.]+)", body, re.M)
+        canon = re.search(r"^canonical\s+\d+\s+\d+\s+[\d.]+\s+[\d.]+\s+(.*)$", body, re.M)
+        if not (wall and canon):
+            raise ReportError(f"{path}: round {n} ({side}) lacks its total or canonical line")
+        rounds.setdefault(n, {})[side] = (float(wall[1]), canon[1].strip())
+    if not rounds or any(len(r) != 2 for r in rounds.values()):
+        raise ReportError(f"{path}: expected paired 'before' / 'after' rounds")
+    rows, ratios = [], []
+    for n, r in sorted(rounds.items(), key=lambda kv: int(kv[0])):
+        (wb, cb), (wa, ca) = r["before"], r["after"]
+        ratios.append(wa / wb)
+        rows.append([n, f"{wb:.1f}", cb, f"{wa:.1f}", ca, f"{wa / wb:.2f}x"])
+    head = ["round", "process-only, wall s", "its canonical labels", "bwrap, wall s", "its canonical labels",
+            "bwrap / process-only"]
+    return "\n".join([md_table(head, rows), "", f"Median ratio {statistics.median(ratios):.2f}x (n = {len(rows)} "
+                      f"paired rounds, one machine; no interval). Source: `{path.relative_to(ROOT)}`."])
+
+
+def score_rounds_block(path: Path) -> str:
+    """A JSON of paired rounds {"rounds": [{"process": [s per step], "bwrap": [...]}, ...]}: each round's summed
+    seconds per sandbox, their ratio, and the median ratio."""
+    import statistics
+
+    rounds = json.loads(path.read_text())["rounds"]
+    rows, ratios = [], []
+    for i, r in enumerate(rounds, 1):
+        p, b = sum(r["process"]), sum(r["bwrap"])
+        ratios.append(b / p)
+        rows.append([str(i), f"{p:.2f}", f"{b:.2f}", f"{b / p:.2f}x"])
+    return "\n".join([md_table(["round", "process-only s", "bwrap s", "bwrap / process-only"], rows), "",
+                      f"Median {statistics.median(ratios):.2f}x (n = {len(rows)} rounds; no interval). "
+                      f"Source: `{path.relative_to(ROOT)}`."])
+
+
 def text_block(path: Path) -> str:
     """A committed text artifact (a benchmark's printed table), verbatim in a code fence."""
     return f"```\n{path.read_text().strip()}\n```\nSource: `{path.relative_to(ROOT)}`."
@@ -393,7 +435,8 @@ KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypoth
                                         "routing": routing_block, "oversight": oversight_block,
                                         "rm": rm_block, "trajectory": trajectory_block,
                                         "gates": gates_block, "seeds": seeds_block,
-                                        "module_cos": module_cos_block}
+                                        "module_cos": module_cos_block, "grade_rounds": grade_rounds_block,
+                                        "score_rounds": score_rounds_block}
 
 
 def render(spec: str) -> str:
