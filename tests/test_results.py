@@ -119,3 +119,14 @@ def test_grade_rounds_reads_paired_rounds_and_refuses_unpaired(tmp_path, monkeyp
     (tmp_path / "r.log").write_text(text[:text.index("### round 1: after")])
     with pytest.raises(ReportError, match="paired"):
         render("grade_rounds r.log")
+
+
+def test_trajectory_block_keeps_the_named_arms_and_skips_nan(tmp_path, monkeypatch):
+    runs = _projection_copy(tmp_path, monkeypatch)
+    rows = [json.loads(line) for line in (runs[0] / "metrics.jsonl").read_text().splitlines()]
+    rows[0]["hack_rate"] = float("nan")  # a nan step (e.g. a ratio with nothing to divide) is left out
+    (runs[0] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = render("trajectory exp metrics=hack_rate window=20 arms=vanilla")
+    assert "| vanilla | 2 |" in text and "nan" not in text
+    with pytest.raises(ReportError, match="unknown arm 'nope'"):
+        render("trajectory exp metrics=hack_rate arms=nope")

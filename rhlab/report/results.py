@@ -202,21 +202,27 @@ def routing_block(path: Path, metrics: str = "") -> str:
                       _seeds_line(runs, path) + "."])
 
 
-def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str = "") -> str:
-    """Training batches: each metric's mean over a run's first and last `window` steps, then mean ± SEM
-    [95 % t] over seeds, by arm: "start → end"."""
+def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str = "", arms: str = "") -> str:
+    """Training batches: each metric's mean over a run's first and last `window` steps (its finite values),
+    then mean ± SEM [95 % t] over seeds, by arm (`arms`: these, in this order): "start → end"."""
     from .tables import mean_sem
 
     runs, w, ms = _runs(path), int(window), metrics.split(",")
     names = labels.split(",") if labels else ms
 
     def window_mean(r, m, first: bool):
-        rows = [x for x in r.metrics if m in x and (x["step"] <= w if first else x["step"] > r.steps - w)]
-        assert rows, f"{r.path}: no {m} in its {'first' if first else 'last'} {w} steps"
-        return sum(x[m] for x in rows) / len(rows)
+        xs = [x[m] for x in r.metrics if m in x and math.isfinite(x[m])
+              and (x["step"] <= w if first else x["step"] > r.steps - w)]
+        assert xs, f"{r.path}: no finite {m} in its {'first' if first else 'last'} {w} steps"
+        return sum(xs) / len(xs)
 
+    order = arms.split(",") if arms else sorted({r.arm for r in runs})
+    unknown = sorted(set(order) - {r.arm for r in runs})
+    if unknown:
+        raise ReportError(f"{path}: unknown arm {unknown[0]!r}; allowed: {', '.join(sorted({r.arm for r in runs}))}")
+    runs = [r for r in runs if r.arm in order]
     out = []
-    for arm in sorted({r.arm for r in runs}):
+    for arm in order:
         mine = [r for r in runs if r.arm == arm]
         cells = []
         for m in ms:
