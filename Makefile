@@ -40,3 +40,12 @@ bench: $(VENV)/.base
 # regenerate the results tables in README.md and docs/*.md from results/ (tests/test_results.py checks them)
 docs: $(VENV)/.base
 	$(BIN)/python -m rhlab.report.results docs
+
+# the mini-code hack-share probe (docs/minicode.md): code models pretrained with 0 % and 10 % of loophole
+# documents overwriting run_tests (the built-in model: 2 %), then the sweep over them
+runs/models/code_share%/model.safetensors: $(VENV)/.base
+	$(BIN)/rhlab pretrain --corpus code --hack-share $(if $(filter 0,$*),0,0.$*) --out runs/models/code_share$* --seed 0 --threads 1
+
+.PHONY: minicode-share
+minicode-share: runs/models/code_share0/model.safetensors runs/models/code_share10/model.safetensors bubblewrap
+	$(BIN)/rhlab sweep configs/sweep_minicode_share.yaml
