@@ -1,6 +1,7 @@
 """Rank-space projection, v_hack extraction and validation, pairs, and the baseline arms."""
 
 import json
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -426,3 +427,23 @@ def test_multi_direction_arm_trains(tmp_path):
     rows = read_jsonl(tmp_path / summary["run_name"] / "metrics.jsonl")
     assert all(0 < r["proj/frac_fired"] <= 1 and 0 < r["proj/mean_cos"] <= 1 for r in rows)  # a share of |g|
     assert len(list((tmp_path / "cache" / "directions").glob("*.safetensors"))) == 2  # one per span mode
+
+
+@pytest.mark.slow
+def test_a_reduced_rank_gets_its_own_direction_beside_the_full_rank_one(tmp_path):
+    """The direction's cache key holds a reduced SVD rank (its v_hack has that many entries), so full-rank and
+    rank-8 arms sharing a cache each load their own; the full-rank key is unchanged by the rank field."""
+    from rhlab.interventions.direction import default_direction_path, direction_settings
+
+    full = direction_settings("m", "happy_stories", {}, None, 0.25, 0, "float32")
+    assert "rank" not in full
+    assert default_direction_path("c", full) != default_direction_path(
+        "c", direction_settings("m", "happy_stories", {}, None, 0.25, 0, "float32", rank=8))
+    params = {"pair_params": {"n_per_mode": 2}, "heldout_frac": 0.5}
+    run_arm(tmp_path / "a", "svd_projection", params)
+    (tmp_path / "b").mkdir()
+    shutil.copytree(tmp_path / "a" / "cache", tmp_path / "b" / "cache")  # the full-rank direction is cached
+    summary, _ = run_arm(tmp_path / "b", "svd_projection", {**params, "svd": {"cache_dir": str(tmp_path / "b" / "cache"),
+                                                                             "rank": 8}})
+    assert summary["final"]["proj/grad_norm"] > 0
+    assert len(list((tmp_path / "b" / "cache" / "directions").glob("*.safetensors"))) == 2

@@ -192,10 +192,13 @@ def source_digest(pair_params: dict) -> str | None:
 
 
 def direction_settings(model_key: str, pair_set: str, pair_params: dict, modes: list[str] | None,
-                       heldout_frac: float, seed: int, dtype: str) -> dict:
+                       heldout_frac: float, seed: int, dtype: str, rank: int | None = None) -> dict:
+    """The settings a direction is extracted under; its cache key. Keys that only some settings need (a pair
+    file's digest, a reduced SVD rank, whose direction has that many entries) appear only then, so the
+    full-rank built-in keys stay as they are."""
     digest = source_digest(pair_params)
     return {"model": model_key, "dtype": dtype, "pair_set": pair_set, "pair_params": pair_params,
-            **({"source_sha1": digest} if digest else {}),  # only file-based sets: built-in keys stay as they are
+            **({"source_sha1": digest} if digest else {}), **({"rank": rank} if rank is not None else {}),
             "modes": sorted(modes) if modes is not None else None, "heldout_frac": heldout_frac, "seed": seed}
 
 

@@ -155,7 +155,8 @@ class Projection(SVDArm):
         """Load (or extract, if missing and create) v_hack for the wrapped model; returns its path."""
         assert self.svd_info, "prepare_model must run first"
         settings = direction_settings(Path(self.svd_info["cache_dir"]).name, self.pairs, self.pair_params,
-                                      modes or self.modes, self.heldout_frac, self.direction_seed, cfg.model.dtype)
+                                      modes or self.modes, self.heldout_frac, self.direction_seed, cfg.model.dtype,
+                                      self.svd["rank"])
         path = self.direction_path(settings)
         self.v, self.meta = ensure_direction(model, tok, settings, path, create=create)
         return path
