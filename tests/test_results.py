@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+import yaml
 
 from rhlab.report.results import BLOCK, ROOT, arms_block, demo_block, doc_files, render, sync_docs
 from rhlab.report.runs import ReportError
@@ -80,6 +81,13 @@ def test_seeds_block_lists_every_run_and_its_training_mean(tmp_path, monkeypatch
     hack = json.loads((runs[1] / "summary.json").read_text())["final"]["hack_rate"]
     assert f"| vanilla | 2 | {hack:.3f} | {2 * sum(steps) / len(steps):.3f} |" in text
     assert text.count("| vanilla |") == 2
+    windowed = render("seeds exp arms=vanilla train=x config=train.lr window=10")  # logged steps > steps - 10
+    late = [s for s in steps if s > steps[-1] - 10]
+    lr = yaml.safe_load((runs[0] / "config.yaml").read_text())["train"]["lr"]
+    assert windowed.splitlines()[0] == "| arm | train.lr | seed | x (last 10 steps mean) |"
+    assert f"| vanilla | {lr} | 1 | {sum(late) / len(late):.3f} |" in windowed
+    with pytest.raises(ReportError, match="config has no 'train.nope'"):
+        render("seeds exp arms=vanilla train=x config=train.nope")
     with pytest.raises(ReportError, match="unknown arm 'nope'"):
         render("seeds exp arms=nope final=hack_rate")
     with pytest.raises(ReportError, match="no final metric 'nope'"):

@@ -233,32 +233,48 @@ def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str =
                       f"; training batches, mean of a run's first → last {w} steps (every 5th step logged)."])
 
 
-def seeds_block(path: Path, arms: str, final: str = "", train: str = "", labels: str = "") -> str:
-    """One row per run of the given arms: its final evaluation's `final` metrics and, for each `train` metric,
-    the mean over every logged training step where it is defined (the per-seed spread a mean hides)."""
+def seeds_block(path: Path, arms: str, final: str = "", train: str = "", labels: str = "", config: str = "",
+                window: str = "") -> str:
+    """One row per run of the given arms: the `config` keys (dotted, e.g. train.lr) that tell its runs apart,
+    its final evaluation's `final` metrics and, for each `train` metric, the mean over the logged training
+    steps where it is defined (the last `window` steps when given): the per-run spread a mean hides."""
+    from .runs import _read_yaml
+
     runs, fin, tr = _runs(path), [m for m in final.split(",") if m], [m for m in train.split(",") if m]
+    keys, w = [k for k in config.split(",") if k], int(window) if window else None
     wanted = arms.split(",")
     unknown = sorted(set(wanted) - {r.arm for r in runs})
     if unknown:
         raise ReportError(f"{path}: unknown arm {unknown[0]!r}; allowed: {', '.join(sorted({r.arm for r in runs}))}")
-    names = labels.split(",") if labels else fin + [f"{m} (training mean)" for m in tr]
+    scope = f"last {w} steps" if w else "training"
+    names = labels.split(",") if labels else fin + [f"{m} ({scope} mean)" for m in tr]
     if len(names) != len(fin) + len(tr):
         raise ReportError(f"{path}: {len(names)} labels for {len(fin) + len(tr)} metrics")
 
     def train_mean(r, m):
-        xs = [x[m] for x in r.metrics if m in x and math.isfinite(x[m])]
+        xs = [x[m] for x in r.metrics if m in x and math.isfinite(x[m]) and (w is None or x["step"] > r.steps - w)]
         return sum(xs) / len(xs) if xs else math.nan
 
+    def setting(r, key):
+        value = _read_yaml(r.path / "config.yaml")
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise ReportError(f"{r.path}: config has no {key!r}")
+            value = value[part]
+        return str(value)
+
     rows = []
-    for r in sorted((r for r in runs if r.arm in wanted), key=lambda r: (wanted.index(r.arm), r.seed)):
+    for r in sorted((r for r in runs if r.arm in wanted),
+                    key=lambda r: (wanted.index(r.arm), [setting(r, k) for k in keys], r.seed)):
         missing = [m for m in fin if m not in r.final]
         if missing:
             raise ReportError(f"{r.path}: no final metric {missing[0]!r}")
-        rows.append([r.arm, str(r.seed)] + [fmt_num(r.final[m]) for m in fin] + [fmt_num(train_mean(r, m)) for m in tr])
+        rows.append([r.arm, *(setting(r, k) for k in keys), str(r.seed)] + [fmt_num(r.final[m]) for m in fin]
+                    + [fmt_num(train_mean(r, m)) for m in tr])
     seeds = sorted({r.seed for r in runs})
-    return "\n".join([md_table(["arm", "seed", *names], rows), "",
+    return "\n".join([md_table(["arm", *keys, "seed", *names], rows), "",
                       f"Source: `{path.relative_to(ROOT)}` (seeds {', '.join(map(str, seeds))}); one row per run, "
-                      "no interval (per-seed values; training means over the logged steps, every 5th)."])
+                      f"no interval (per-run values; {scope} means over the logged steps, every 5th)."])
 
 
 def module_cos_block(path: Path, arms: str = "", window: str = "25") -> str:
