@@ -255,8 +255,10 @@ def seeds_block(path: Path, arms: str, final: str = "", train: str = "", labels:
         xs = [x[m] for x in r.metrics if m in x and math.isfinite(x[m]) and (w is None or x["step"] > r.steps - w)]
         return sum(xs) / len(xs) if xs else math.nan
 
+    configs = {id(r): _read_yaml(r.path / "config.yaml") for r in runs if r.arm in wanted} if keys else {}
+
     def setting(r, key):
-        value = _read_yaml(r.path / "config.yaml")
+        value = configs[id(r)]
         for part in key.split("."):
             if not isinstance(value, dict) or part not in value:
                 raise ReportError(f"{r.path}: config has no {key!r}")
