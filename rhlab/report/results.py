@@ -113,15 +113,22 @@ def _seeds_line(runs, path: Path) -> str:
             f"n = seeds per arm; cells: mean ± SEM [95 % Student-t interval] over seeds")
 
 
+def _arm_order(path: Path, runs, arms: str, default: list[str]) -> list[str]:
+    """The arms a block shows: `arms` (comma-separated, in that order) or the default; an unknown one fails."""
+    order = arms.split(",") if arms else default
+    present = sorted({r.arm for r in runs})
+    unknown = [a for a in order if a not in present]
+    if unknown:
+        raise ReportError(f"{path}: unknown arm {unknown[0]!r}; allowed: {', '.join(present)}")
+    return order
+
+
 def arms_block(path: Path, metrics: str, reference: str = "", arms: str = "", labels: str = "") -> str:
     """Per-arm final metrics with intervals, and each arm's difference from the reference arm."""
     runs = _runs(path)
     ms = metrics.split(",")
     table = arm_table(runs, ms, reference or None)
-    order = arms.split(",") if arms else arm_names(runs, reference or None)
-    unknown = [a for a in order if a not in table]
-    if unknown:
-        raise ReportError(f"{path}: unknown arm {unknown[0]!r}; allowed: {', '.join(table)}")
+    order = _arm_order(path, runs, arms, arm_names(runs, reference or None))
     names = labels.split(",") if labels else ms
     rows = [[a, str(max(s.n for s in table[a].values()))] + [fmt_stat(table[a][m].mean, table[a][m].sem,
                                                                      table[a][m].n) for m in ms] for a in order]
@@ -216,10 +223,7 @@ def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str =
         assert xs, f"{r.path}: no finite {m} in its {'first' if first else 'last'} {w} steps"
         return sum(xs) / len(xs)
 
-    order = arms.split(",") if arms else sorted({r.arm for r in runs})
-    unknown = sorted(set(order) - {r.arm for r in runs})
-    if unknown:
-        raise ReportError(f"{path}: unknown arm {unknown[0]!r}; allowed: {', '.join(sorted({r.arm for r in runs}))}")
+    order = _arm_order(path, runs, arms, sorted({r.arm for r in runs}))
     runs = [r for r in runs if r.arm in order]
     out = []
     for arm in order:
@@ -242,10 +246,7 @@ def seeds_block(path: Path, arms: str, final: str = "", train: str = "", labels:
 
     runs, fin, tr = _runs(path), [m for m in final.split(",") if m], [m for m in train.split(",") if m]
     keys, w = [k for k in config.split(",") if k], int(window) if window else None
-    wanted = arms.split(",")
-    unknown = sorted(set(wanted) - {r.arm for r in runs})
-    if unknown:
-        raise ReportError(f"{path}: unknown arm {unknown[0]!r}; allowed: {', '.join(sorted({r.arm for r in runs}))}")
+    wanted = _arm_order(path, runs, arms, [])
     scope = f"last {w} steps" if w else "training"
     names = labels.split(",") if labels else fin + [f"{m} ({scope} mean)" for m in tr]
     if len(names) != len(fin) + len(tr):
