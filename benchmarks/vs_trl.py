@@ -63,7 +63,7 @@ class _Timer:
 def trl_step_times(lora: bool, steps: int, warmup: int, threads: int, checkpointing: bool) -> dict:
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from rhlab.components import build_env
@@ -106,6 +106,7 @@ def trl_step_times(lora: bool, steps: int, warmup: int, threads: int, checkpoint
                               train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok,
                               peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear") if lora else None,
                               callbacks=[StepClock()])
+        trainer.remove_callback(PrinterCallback)  # its per-step log dicts would bury the printed table
         trainer._generate_and_score_completions = timer.wrap("generate+score", trainer._generate_and_score_completions)
         trainer.compute_loss = timer.wrap("logprobs+loss", trainer.compute_loss)
         trainer.accelerator.backward = timer.wrap("backward", trainer.accelerator.backward)

@@ -138,3 +138,52 @@ def test_trajectory_block_keeps_the_named_arms_and_skips_nan(tmp_path, monkeypat
     assert "| vanilla | 2 |" in text and "nan" not in text
     with pytest.raises(ReportError, match="unknown arm 'nope'"):
         render("trajectory exp metrics=hack_rate arms=nope")
+
+
+VS_TRL_OUT = """torch 2.13.0+cpu, 2 threads; shape: {...}; median of 6 steps after 2 warm-up; 2 interleaved round(s)
+
+setup                TRL default TRL no-ckpt   rhlab   ratio  ratio vs no-ckpt   ratio per round
+full fine-tune             1.235       1.089   0.260    4.3x             4.1x   3.8x 4.6x
+LoRA r8 all-linear         1.274       1.211   0.272    4.7x             4.5x   3.6x 5.5x
+
+phases (median seconds per step, median over rounds)
+  full fine-tune
+    TRL default : generate+score 0.688  logprobs+loss 0.170  backward 0.362  optimizer 0.010
+"""
+
+
+def test_vs_trl_block_reads_the_benchmark_rows(tmp_path, monkeypatch):
+    import rhlab.report.results as results
+
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    (tmp_path / "b.txt").write_text(VS_TRL_OUT)
+    table = render("vs_trl b.txt")
+    assert "| full fine-tune | 1.235 s | 1.089 s | **0.260 s** | **4.3x** | 3.8x 4.6x | 4.1x |" in table
+    assert "over 2 interleaved round(s)" in table
+    line = render("vs_trl b.txt line=1")
+    assert ("0.26 s / 0.27 s (full fine-tune / LoRA r8 all-linear), 4.3x (3.8-4.6x per round) and 4.7x "
+            "(3.6-5.5x per round) faster") in line
+    (tmp_path / "b.txt").write_text("torch 2.13.0\n")
+    with pytest.raises(ReportError, match="no result rows"):
+        render("vs_trl b.txt")
+
+
+def test_vhack_block_lists_each_distinct_direction_once(tmp_path, monkeypatch):
+    import rhlab.report.results as results
+
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+
+    def val(modes, med):
+        per = {m: {"median_cos": med / 2, "frac_pos": 1.0, "n_modules": 3} for m in (modes or ["a", "b"])}
+        return {"model": "m", "pair_set": "p", "modes": modes, "seed": 0, "per_module": {},
+                "validation": {"median_cos": med, "frac_pos": 2 / 3, "n_modules": 3, "per_mode": per,
+                               "n_train_pairs": 9, "n_heldout_pairs": 3}}
+
+    for i, (modes, med) in enumerate([(None, 0.9), (None, 0.9), (["a"], 0.5)]):  # runs 0 and 1 share a direction
+        (tmp_path / "exp" / f"r{i}").mkdir(parents=True)
+        (tmp_path / "exp" / f"r{i}" / "v_hack.validation.json").write_text(json.dumps(val(modes, med)))
+    text = render("vhack exp")
+    assert text.count("| all | full | 9 / 3 | 0.900 | 67% of 3 | 0.45 | 0.45 |") == 1
+    assert "| a | full | 9 / 3 | 0.500 | 67% of 3 | 0.25 |  |" in text and "seed 0:" in text
+    with pytest.raises(ReportError, match="no \\*.validation.json"):
+        render("vhack nothing")

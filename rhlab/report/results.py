@@ -85,6 +85,10 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
         for f in ([final_eval] if keep_eval and final_eval.exists() else []) + suites:
             (dest / "eval").mkdir(exist_ok=True)
             shutil.copyfile(f, dest / "eval" / f.name)
+        validation = run.run_dir / "v_hack" / "v_hack.validation.json"  # the direction's held-out check
+        if validation.exists():
+            (dest / "v_hack").mkdir()
+            shutil.copyfile(validation, dest / "v_hack" / validation.name)
     if spec.report and "overopt" in spec.report.tables and len(missing) < len(planned):
         from rhlab.rm.overopt import arm_fits
 
@@ -449,6 +453,69 @@ def score_rounds_block(path: Path) -> str:
                       f"Source: `{path.relative_to(ROOT)}`."])
 
 
+def vhack_block(path: Path) -> str:
+    """The held-out validation of every distinct v_hack under a folder (the *.validation.json that extraction
+    writes; runs keep theirs in v_hack/): the gate's median cosine, the share of modules above 0, and the
+    median cosine on each mode's held-out pairs."""
+    found: dict[str, dict] = {}
+    for f in sorted(path.rglob("*.validation.json")):
+        d = json.loads(f.read_text())
+        key = json.dumps({k: v for k, v in d.items() if k not in ("validation", "per_module")}, sort_keys=True)
+        found.setdefault(key, d)  # the same settings give the same direction (extraction is deterministic)
+    if not found:
+        raise ReportError(f"{path}: no *.validation.json")
+    dirs = sorted(found.values(), key=lambda d: (-len(d["modes"] or "xxxxx"), d.get("rank") or 0, str(d["modes"])))
+    modes = sorted({m for d in dirs for m in d["validation"]["per_mode"]})
+    rows = []
+    for d in dirs:
+        v = d["validation"]
+        rows.append([", ".join(d["modes"]) if d["modes"] else "all", str(d.get("rank") or "full"),
+                     f"{v['n_train_pairs']} / {v['n_heldout_pairs']}", f"{v['median_cos']:.3f}",
+                     f"{v['frac_pos']:.0%} of {v['n_modules']}",
+                     *(f"{v['per_mode'][m]['median_cos']:.2f}" if m in v["per_mode"] else "" for m in modes)])
+    return "\n".join([md_table(["extraction modes", "SVD rank", "pairs train / held out", "gate: held-out median cos",
+                                 "modules > 0", *(f"held-out median cos, {m}" for m in modes)], rows), "",
+                      f"Source: `{path.relative_to(ROOT)}` (one extraction per row, pair split seed "
+                      f"{', '.join(sorted({str(d['seed']) for d in dirs}))}: no interval)."])
+
+
+_VS_TRL_ROW = re.compile(r"^(?P<name>\S.*?)\s+(?P<trl>[\d.]+)\s+(?P<nockpt>[\d.]+)\s+(?P<rhlab>[\d.]+)\s+"
+                         r"(?P<ratio>[\d.]+)x\s+(?P<ratio_nc>[\d.]+)x(?:\s+(?P<rounds>(?:[\d.]+x\s*)+))?$", re.M)
+
+
+def _vs_trl_rows(path: Path) -> list[dict]:
+    rows = [m.groupdict() for m in _VS_TRL_ROW.finditer(path.read_text())]
+    if not rows:
+        raise ReportError(f"{path}: no result rows of benchmarks/vs_trl.py")
+    return rows
+
+
+def _span(rounds: str) -> str:
+    xs = sorted(float(x.rstrip("x")) for x in rounds.split())
+    return f"{xs[0]:.1f}-{xs[-1]:.1f}x"
+
+
+def vs_trl_block(path: Path, line: str = "") -> str:
+    """benchmarks/vs_trl.py's printed output: the table (median seconds per step, paired ratios per round), or
+    with line=1 one sentence for the README."""
+    rows = _vs_trl_rows(path)
+    n_rounds = len((rows[0]["rounds"] or "x").split())
+    if line:
+        return ("On the 2-core build machine an RL step on the built-in model (32 completions x 64 tokens) takes "
+                + " / ".join(f"{float(r['rhlab']):.2f} s" for r in rows) + " ("
+                + " / ".join(r["name"] for r in rows) + "), "
+                + " and ".join(f"{r['ratio']}x" + (f" ({_span(r['rounds'])} per round)" if r["rounds"] else "")
+                               for r in rows) + " faster than TRL's GRPOTrainer on the same "
+                f"shape (median of {n_rounds} paired rounds; `{path.relative_to(ROOT)}`).")
+    table = [[r["name"], f"{r['trl']} s", f"{r['nockpt']} s", f"**{r['rhlab']} s**", f"**{r['ratio']}x**",
+              " ".join((r["rounds"] or "").split()), f"{r['ratio_nc']}x"] for r in rows]
+    return "\n".join([md_table(["setup", "TRL default", "TRL, checkpointing off", "rhlab",
+                                 "ratio vs default (median)", "ratio per round", "ratio vs no-ckpt"], table), "",
+                      f"Median seconds per step over {n_rounds} interleaved round(s); the ratio is TRL / rhlab "
+                      f"within each round, then the median over rounds (one machine; no interval). "
+                      f"Source: `{path.relative_to(ROOT)}` (full output, phases included, below)."])
+
+
 def text_block(path: Path) -> str:
     """A committed text artifact (a benchmark's printed table), verbatim in a code fence."""
     return f"```\n{path.read_text().strip()}\n```\nSource: `{path.relative_to(ROOT)}`."
@@ -461,7 +528,8 @@ KINDS: dict[str, Callable[..., str]] = {"arms": arms_block, "hypotheses": hypoth
                                         "rm": rm_block, "trajectory": trajectory_block,
                                         "gates": gates_block, "seeds": seeds_block,
                                         "module_cos": module_cos_block, "grade_rounds": grade_rounds_block,
-                                        "score_rounds": score_rounds_block}
+                                        "score_rounds": score_rounds_block, "vhack": vhack_block,
+                                        "vs_trl": vs_trl_block}
 
 
 def render(spec: str) -> str:
