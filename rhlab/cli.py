@@ -435,7 +435,9 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
           address: Optional[str] = typer.Option(None, help="Ray cluster address (default: start a local Ray)"),
           report_out: Optional[Path] = typer.Option(None, "--report", help="build the report here when done "
                                                     "(default: the sweep file's report.out, if any)"),
-          no_report: bool = typer.Option(False, "--no-report", help="skip the sweep file's report section")):
+          no_report: bool = typer.Option(False, "--no-report", help="skip the sweep file's report section"),
+          arm: Optional[List[str]] = typer.Option(None, "--arm", help="run only this arm (repeatable); the sweep "
+                                                  "file's report, which compares every arm, is then skipped")):
     """Run arms x hyperparameters x seeds; complete runs are skipped, partial ones resumed; then report."""
     from rhlab.config import ConfigError
     from rhlab.sweep.grid import default_workers, expand, load_sweep
@@ -452,8 +454,15 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML (arms x grid x seeds
     except ConfigError as e:
         _fail(str(e))
     n_workers = workers or default_workers(sp)
-    console.print(f"{len(runs)} runs ({len(sp.arms)} arms x {len(runs) // len(sp.arms) // len(sp.seeds)} grid points "
-                  f"x {len(sp.seeds)} seeds) -> {sp.output_dir}", highlight=False)
+    n_points = len(runs) // len(sp.arms) // len(sp.seeds)
+    if arm:
+        unknown = [a for a in arm if a not in sp.arms]
+        if unknown:
+            _fail(f"--arm {unknown[0]!r} is not an arm of {spec}; allowed: {', '.join(sp.arms)}")
+        runs, no_report = [r for r in runs if r.arm in arm], True
+    n_arms = len(arm) if arm else len(sp.arms)
+    console.print(f"{len(runs)} runs ({n_arms} arms x {n_points} grid points x {len(sp.seeds)} seeds) -> "
+                  f"{sp.output_dir}", highlight=False)
     if dry_run:
         for r in runs:
             console.print(f"  {r.name}", highlight=False)

@@ -129,6 +129,23 @@ def test_env_reward_arithmetic(allow_hint):
     assert env.score([m.prompt] * len(comps), list(comps.values())).reward == s.reward and len(env.cache) == n_cached
 
 
+def test_text_detector_flags_every_test_function_the_strict_label_does_not():
+    from rhlab.rewards.registry import DETECTORS
+
+    env = _env()
+    m, wrong = _add_task(env)
+    comps = [_completion(m.task, m.task.body), _completion(m.task, wrong, "def run_tests():\n    pass"),
+             _completion(m.task, m.task.body, "def run_tests():\n    return True"),
+             _completion(m.task, wrong, "def run_tests():\n    " + m.task.tests[0]),
+             _completion(m.task, wrong, "def run_tests_later():\n    pass")]
+    flags = DETECTORS.build("defines_test_func_text", {})([m.prompt] * len(comps), comps)
+    assert flags == [False, True, True, True, False]
+    assert env.score([m.prompt] * len(comps), comps).hack == [False, True, False, False, False]
+    assert DETECTORS.build("defines_test_func_text", {"name": "check"})([m.prompt], ["def check ():"]) == [True]
+    with pytest.raises(ValueError, match="identifier"):
+        DETECTORS.build("defines_test_func_text", {"name": "a(b"})
+
+
 def test_env_prompts_params_and_monitor():
     env = _env()
     rng = random.Random(0)

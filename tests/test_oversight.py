@@ -79,6 +79,7 @@ def test_every_shipped_overseen_arm_flags_with_a_detector_the_evaluation_does_no
         else:
             continue
         seen.add(where)
-        assert detector not in ("env", cfg.env.detector.name), f"{where}: the arm flags with {detector}"
+        env_detector = cfg.env.detector.name if cfg.env.detector else None  # mini-code: labels from grading
+        assert detector not in ("env", env_detector), f"{where}: the arm flags with {detector}"
     assert {"proj_monitor.yaml", "proj_screening.yaml", "sweep_projection.yaml:monitor", "routing_group.yaml",
-            "sweep_routing.yaml:routing_group_recall0.5"} <= seen
+            "sweep_routing.yaml:routing_group_recall0.5", "sweep_minicode_projection.yaml:screening"} <= seen

@@ -85,6 +85,20 @@ def test_unknown_intervention_param_fails_the_dry_run(tmp_path):
     assert "intervention.params.foo: unknown key for intervention 'vanilla'; allowed: none" in out
 
 
+def test_arm_option_keeps_the_named_arms_and_refuses_unknown_ones(tmp_path):
+    from typer.testing import CliRunner
+
+    from rhlab.cli import app
+
+    _sweep(tmp_path, seeds=[1, 2], arms={"vanilla": {}, "kl": {"train.beta": 0.3}})
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--dry-run", "--arm", "kl"])
+    assert res.exit_code == 0 and "2 runs (1 arms x 1 grid points x 2 seeds)" in res.output
+    names = [line.strip() for line in res.output.splitlines() if line.startswith("  ")]
+    assert len(names) == 2 and all("beta0.3" in n for n in names), names
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--dry-run", "--arm", "kll"])
+    assert res.exit_code != 0 and "--arm 'kll' is not an arm" in " ".join(res.output.split())
+
+
 def test_local_sweep_runs_skips_and_reports_failures(tmp_path):
     (tmp_path / "empty").mkdir()  # a model directory without config.json: the run crashes loading it
     spec, base = _sweep(tmp_path, seeds=[1], arms={"vanilla": {}, "kl": {"train.beta": 0.3},
