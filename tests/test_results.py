@@ -187,3 +187,15 @@ def test_vhack_block_lists_each_distinct_direction_once(tmp_path, monkeypatch):
     assert "| a | full | 9 / 3 | 0.500 | 67% of 3 | 0.25 |  |" in text and "seed 0:" in text
     with pytest.raises(ReportError, match="no \\*.validation.json"):
         render("vhack nothing")
+
+
+def test_arms_block_at_initial_reads_the_step0_evaluation(tmp_path, monkeypatch):
+    runs = _projection_copy(tmp_path, monkeypatch)
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    summary["initial"]["hack_rate"] = 0.5  # one of vanilla's two seeds
+    (runs[0] / "summary.json").write_text(json.dumps(summary))
+    other = json.loads((runs[1] / "summary.json").read_text())["initial"]["hack_rate"]
+    text = render("arms exp metrics=hack_rate arms=vanilla at=initial")
+    assert f"| vanilla | 2 | {(0.5 + other) / 2:.3f}" in text and "step-0 evaluation" in text
+    with pytest.raises(ReportError, match="at='start'"):
+        render("arms exp metrics=hack_rate at=start")

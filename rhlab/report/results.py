@@ -127,9 +127,27 @@ def _arm_order(path: Path, runs, arms: str, default: list[str]) -> list[str]:
     return order
 
 
-def arms_block(path: Path, metrics: str, reference: str = "", arms: str = "", labels: str = "") -> str:
-    """Per-arm final metrics with intervals, and each arm's difference from the reference arm."""
-    runs = _runs(path)
+def _at_start(runs):
+    """The runs with their step-0 evaluation (summary.json "initial") in place of the final one."""
+    from dataclasses import replace
+
+    out = []
+    for r in runs:
+        initial = json.loads((r.path / "summary.json").read_text()).get("initial")
+        if not isinstance(initial, dict):
+            raise ReportError(f"{r.path}: summary.json has no step-0 evaluation ('initial')")
+        out.append(replace(r, final={k: float(v) for k, v in initial.items()
+                                     if isinstance(v, (int, float)) and not isinstance(v, bool)}))
+    return out
+
+
+def arms_block(path: Path, metrics: str, reference: str = "", arms: str = "", labels: str = "",
+               at: str = "final") -> str:
+    """Per-arm metrics of the final evaluation (or, at=initial, the step-0 one) with intervals, and each arm's
+    difference from the reference arm."""
+    if at not in ("final", "initial"):
+        raise ReportError(f"arms block: at={at!r}; allowed: final, initial")
+    runs = _runs(path) if at == "final" else _at_start(_runs(path))
     ms = metrics.split(",")
     table = arm_table(runs, ms, reference or None)
     order = _arm_order(path, runs, arms, arm_names(runs, reference or None))
@@ -149,8 +167,8 @@ def arms_block(path: Path, metrics: str, reference: str = "", arms: str = "", la
                 cells.append(f"{d:+.3f} [{fmt_num(d - h)}, {fmt_num(d + h)}]" if math.isfinite(h) else f"{d:+.3f}")
             drows.append([a, *cells])
         out += [md_table(["arm", *(f"Δ {n} vs {reference}" for n in names)], drows), ""]
-    out.append(_seeds_line(runs, path) + ("; Δ: difference of means with its Welch 95 % interval." if reference
-                                          else "."))
+    out.append(_seeds_line(runs, path) + ("; the step-0 evaluation, before training" if at == "initial" else "")
+               + ("; Δ: difference of means with its Welch 95 % interval." if reference else "."))
     return "\n".join(out)
 
 
