@@ -476,8 +476,11 @@ def run_name(cfg: RunConfig, always: tuple[str, ...] = ()) -> str:
     paths = {".".join(k) for k in PATH_KEYS}
     for key in sorted(cur):
         if key in always or (cur[key] != ref.get(key) and not key.startswith(NAME_SKIP)):
-            value = Path(cur[key]).name if key in paths and isinstance(cur[key], str) else cur[key]
-            parts.append(ABBREV.get(key, key.split(".")[-1]) + _fmt(value))  # a path: its last part
+            value = cur[key]
+            local_model = key == "model.name" and not str(value).startswith("builtin:")  # a grid axis
+            if isinstance(value, str) and (key in paths or local_model):
+                value = Path(value).name  # a path: its last part, so the name does not depend on the checkout
+            parts.append(ABBREV.get(key, key.split(".")[-1]) + _fmt(value))
     name = "_".join(parts).replace("/", "-").replace(" ", "")
     if len(name) > 150:  # keep names usable as directory names; the hash keeps them unique
         name = name[:140] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]

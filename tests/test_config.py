@@ -136,6 +136,11 @@ def test_paths_in_a_config_are_relative_to_its_file_and_checked_at_load(tmp_path
     assert cfg.log.suite == str(conf / "data" / "suite.yaml")
     assert cfg.env.params["rm_dir"] == str(conf / "rm")
     assert "_rm_dirrm_" in run_name(cfg)  # a path enters the run name as its last part, wherever it lives
+    (conf / "models" / "share0").mkdir(parents=True)
+    local = load_config(None, [f"model.name={conf / 'models' / 'share0'}"])
+    name = run_name(local, always=("model.name",))  # a sweep's grid over local models
+    assert name.startswith("share0_") and "_nameshare0_" in name and str(tmp_path).replace("/", "-") not in name
+    assert "_namebuiltin:tiny-stories_" in run_name(load_config(None), always=("model.name",))
     (elsewhere / "mine.yaml").write_text("sets: []\n")
     assert load_config(conf / "run.yaml", ["log.suite=mine.yaml"]).log.suite == str(elsewhere / "mine.yaml")
     with pytest.raises(ConfigError, match=r"log.suite: file not found: .*elsewhere/nope.yaml \(.*run.yaml; a "
