@@ -37,6 +37,8 @@ def test_unknown_kind_and_bad_options_fail_loudly():
         render("nope results/demo")
     with pytest.raises(ReportError, match="expected key=value"):
         render("arms results/demo hack_rate")
+    with pytest.raises(ReportError, match="results block arms: unknown option 'metric'; allowed: metrics,"):
+        render("arms results/demo metric=hack_rate")
 
 
 def test_an_edited_run_artifact_changes_the_arm_and_overopt_tables(tmp_path, monkeypatch):
@@ -86,8 +88,12 @@ def test_seeds_block_lists_every_run_and_its_training_mean(tmp_path, monkeypatch
     lr = yaml.safe_load((runs[0] / "config.yaml").read_text())["train"]["lr"]
     assert windowed.splitlines()[0] == "| arm | train.lr | seed | x (last 10 steps mean) |"
     assert f"| vanilla | {lr} | 1 | {sum(late) / len(late):.3f} |" in windowed
+    labelled = render("seeds exp arms=vanilla train=x:late_x,hack_rate window=10 final=pass_rate:final_pass")
+    assert labelled.splitlines()[0] == "| arm | seed | final_pass | late_x | hack_rate (last 10 steps mean) |"
     with pytest.raises(ReportError, match="config has no 'train.nope'"):
         render("seeds exp arms=vanilla train=x config=train.nope")
+    with pytest.raises(ReportError, match="unknown option 'labels'"):  # labels sit beside their metrics, not in a list
+        render("seeds exp arms=vanilla final=hack_rate labels=h")
     with pytest.raises(ReportError, match="unknown arm 'nope'"):
         render("seeds exp arms=nope final=hack_rate")
     with pytest.raises(ReportError, match="no final metric 'nope'"):
@@ -199,3 +205,30 @@ def test_arms_block_at_initial_reads_the_step0_evaluation(tmp_path, monkeypatch)
     assert f"| vanilla | 2 | {(0.5 + other) / 2:.3f}" in text and "step-0 evaluation" in text
     with pytest.raises(ReportError, match="at='start'"):
         render("arms exp metrics=hack_rate at=start")
+
+
+def test_collect_refuses_a_config_path_outside_the_checkout(tmp_path, monkeypatch):
+    """A run's config naming a path of another checkout would be committed as a machine's path: collect fails
+    naming the key; the same run with an in-checkout path collects."""
+    from rhlab.report.results import collect
+    from rhlab.sweep.grid import expand, load_sweep
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"base: {ROOT / 'configs' / 'proj_minicode_vanilla.yaml'}\noutput_dir: {tmp_path / 'runs'}\n"
+                     "seeds: [1]\narms:\n  vanilla: {}\n")
+    [run] = expand(*load_sweep(sweep))
+    src = next((ROOT / "results" / "projection" / "runs").iterdir())
+    run.run_dir.mkdir(parents=True)
+    for name in ("summary.json", "metrics.jsonl"):
+        shutil.copyfile(src / name, run.run_dir / name)
+    config = yaml.safe_load((src / "config.yaml").read_text())
+    config["model"]["name"] = "/elsewhere/runs/models/code_share10"
+    (run.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ReportError, match="model.name = '/elsewhere/runs/models/code_share10' is outside"):
+        collect(sweep, tmp_path / "out")
+    config["model"]["name"] = str(ROOT / "runs" / "models" / "code_share10")  # this checkout's: made relative
+    (run.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    assert collect(sweep, tmp_path / "out") == (1, [])
+    assert yaml.safe_load((tmp_path / "out" / "runs" / run.name / "config.yaml").read_text())["model"]["name"] \
+        == "runs/models/code_share10"

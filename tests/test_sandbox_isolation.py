@@ -57,16 +57,8 @@ def attack(body: str, timeout_s: float = 3.0) -> Program:
 
 def sandbox_pids() -> set[int]:
     """Host processes running as the sandbox user (bwrap, its init, the programs)."""
-    out = set()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                uid = next(line for line in (d / "status").read_text().splitlines() if line.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if int(uid.split()[1]) == isolation.SANDBOX_UID:
-                out.add(int(d.name))
-    return out
+    pids = (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
+    return {pid for pid in pids if _status(pid)[1] == isolation.SANDBOX_UID}
 
 
 def _status(pid: int) -> tuple[int, int]:

@@ -25,13 +25,17 @@ Doc tables are blocks in README.md or docs/*.md::
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import re
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
+
+import yaml
 
 from .hypotheses import evaluate, load_hypotheses
 from .runs import ReportError, load_runs
@@ -78,6 +82,11 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
         dest.mkdir(parents=True)
         for name in ("config.yaml", "summary.json"):  # paths inside the repo are written relative to it
             (dest / name).write_text((run.run_dir / name).read_text().replace(root, ""))
+        absolute = _absolute_paths(yaml.safe_load((dest / "config.yaml").read_text()))
+        if absolute:  # a machine's path in a committed artifact: the sweep ran in another checkout
+            key, value = absolute[0]
+            raise ReportError(f"{dest / 'config.yaml'}: {key} = {value!r} is outside {ROOT}; "
+                              "collect from the checkout that ran the sweep")
         (dest / "metrics.jsonl").write_text(_downsample(run.run_dir / "metrics.jsonl", every))
         steps = json.loads(summary.read_text())["steps"]
         final_eval = run.run_dir / "eval" / f"step_{steps:05d}.json"  # its completions give the hack modes
@@ -94,6 +103,15 @@ def collect(sweep_file: str | Path, out: str | Path, every: int = 5) -> tuple[in
 
         arm_fits([out / "runs"], plot=out / "overopt.png")  # drawn from the artifacts, as the doc table is
     return len(planned) - len(missing), missing
+
+
+def _absolute_paths(node, key: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) of every string in a config that is an absolute path."""
+    if isinstance(node, dict):
+        return [hit for k, v in node.items() for hit in _absolute_paths(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(node, list):
+        return [hit for i, v in enumerate(node) for hit in _absolute_paths(v, f"{key}[{i}]")]
+    return [(key, node)] if isinstance(node, str) and node.startswith("/") else []
 
 
 # ---- doc blocks ------------------------------------------------------------------------
@@ -129,16 +147,10 @@ def _arm_order(path: Path, runs, arms: str, default: list[str]) -> list[str]:
 
 def _at_start(runs):
     """The runs with their step-0 evaluation (summary.json "initial") in place of the final one."""
-    from dataclasses import replace
-
-    out = []
-    for r in runs:
-        initial = json.loads((r.path / "summary.json").read_text()).get("initial")
-        if not isinstance(initial, dict):
-            raise ReportError(f"{r.path}: summary.json has no step-0 evaluation ('initial')")
-        out.append(replace(r, final={k: float(v) for k, v in initial.items()
-                                     if isinstance(v, (int, float)) and not isinstance(v, bool)}))
-    return out
+    missing = [r.path for r in runs if not r.initial]
+    if missing:
+        raise ReportError(f"{missing[0]}: summary.json has no step-0 evaluation ('initial')")
+    return [replace(r, final=r.initial) for r in runs]
 
 
 def arms_block(path: Path, metrics: str, reference: str = "", arms: str = "", labels: str = "",
@@ -259,20 +271,26 @@ def trajectory_block(path: Path, metrics: str, window: str = "20", labels: str =
                       f"; training batches, mean of a run's first → last {w} steps (every 5th step logged)."])
 
 
-def seeds_block(path: Path, arms: str, final: str = "", train: str = "", labels: str = "", config: str = "",
+def _labelled(items: str) -> tuple[list[str], list[str | None]]:
+    """'metric[:label],...' -> (metrics, labels); None where a metric has no label."""
+    pairs = [item.split(":", 1) if ":" in item else [item, None] for item in items.split(",") if item]
+    return [m for m, _ in pairs], [label for _, label in pairs]
+
+
+def seeds_block(path: Path, arms: str, final: str = "", train: str = "", config: str = "",
                 window: str = "") -> str:
     """One row per run of the given arms: the `config` keys (dotted, e.g. train.lr) that tell its runs apart,
     its final evaluation's `final` metrics and, for each `train` metric, the mean over the logged training
-    steps where it is defined (the last `window` steps when given): the per-run spread a mean hides."""
+    steps where it is defined (the last `window` steps when given): the per-run spread a mean hides. A metric
+    is `name` or `name:column label`, so a label sits next to the metric it names."""
     from .runs import _read_yaml
 
-    runs, fin, tr = _runs(path), [m for m in final.split(",") if m], [m for m in train.split(",") if m]
+    runs, (fin, fin_names), (tr, tr_names) = _runs(path), _labelled(final), _labelled(train)
     keys, w = [k for k in config.split(",") if k], int(window) if window else None
     wanted = _arm_order(path, runs, arms, [])
     scope = f"last {w} steps" if w else "training"
-    names = labels.split(",") if labels else fin + [f"{m} ({scope} mean)" for m in tr]
-    if len(names) != len(fin) + len(tr):
-        raise ReportError(f"{path}: {len(names)} labels for {len(fin) + len(tr)} metrics")
+    names = ([label or m for m, label in zip(fin, fin_names)]
+             + [label or f"{m} ({scope} mean)" for m, label in zip(tr, tr_names)])
 
     def train_mean(r, m):
         xs = [x[m] for x in r.metrics if m in x and math.isfinite(x[m]) and (w is None or x["step"] > r.steps - w)]
@@ -555,7 +573,12 @@ def render(spec: str) -> str:
     kind, path, *args = spec.split()
     if kind not in KINDS:
         raise ReportError(f"results block: unknown kind {kind!r}; allowed: {', '.join(KINDS)}")
-    return KINDS[kind](ROOT / path, **_opts(args))
+    fn, opts = KINDS[kind], _opts(args)
+    allowed = [p for p in inspect.signature(fn).parameters if p != "path"]
+    unknown = [k for k in opts if k not in allowed]
+    if unknown:
+        raise ReportError(f"results block {kind}: unknown option {unknown[0]!r}; allowed: {', '.join(allowed)}")
+    return fn(ROOT / path, **opts)
 
 
 def doc_files() -> list[Path]:

@@ -10,7 +10,6 @@ the report table `routing` (rhlab/report/extra.py).
 from __future__ import annotations
 
 from rhlab.interventions.routing import EVAL_MODES
-from rhlab.models.checkpoint import read_json
 
 from .runs import load_runs
 from .tables import fmt_stat, md_table, mean_sem
@@ -29,7 +28,7 @@ def routing_table(paths, metrics: list[str] | None = None) -> str:
     unknown = [m for m in metrics or [] if m not in known]
     assert not unknown, f"routing table: unknown metric {unknown[0]!r}; allowed: {', '.join(known)}"
     metrics = tuple(metrics or known)
-    initial = [_read_initial(r.path, metrics) for r in runs]
+    initial = [{k: r.initial.get(k) for k in metrics} for r in runs]
     rows = [("initial", "-", initial)]
     for arm in sorted({r.arm for r in runs}):
         finals = [r.final for r in runs if r.arm == arm]
@@ -48,10 +47,6 @@ def _mode_values(final: dict, mode: str, metrics) -> dict | None:
     if "both/hack_rate" not in final:  # an arm without adapter modes: its plain evaluation is `both`
         return {k: final.get(k) for k in metrics} if mode == "both" else None
     return {k: final.get(f"{mode}/{k}") for k in metrics}
-
-
-def _read_initial(run_dir, metrics) -> dict:
-    return {k: read_json(run_dir / "summary.json")["initial"].get(k) for k in metrics}
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ class Run:
     status: str  # "complete" | "running" | "failed" | "incomplete" (no summary.json)
     steps: int | None
     final: dict[str, float] = field(default_factory=dict)
+    initial: dict[str, float] = field(default_factory=dict)  # the step-0 evaluation, before training
     metrics: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
 
@@ -85,10 +86,7 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     status = str(summary.get("status", "incomplete"))
     metrics = _read_rows(d / "metrics.jsonl", torn_tail=status != "complete")  # a running run appends
 
-    final_raw = summary.get("final", {}) or {}
-    if not isinstance(final_raw, dict):
-        raise ReportError(f"{d / 'summary.json'}: 'final' must be a mapping, got {type(final_raw).__name__}")
-    final = {k: float(v) for k, v in final_raw.items() if _is_number(v)}
+    final, initial = (_numbers(summary, key, d / "summary.json") for key in ("final", "initial"))
 
     steps = summary.get("steps")
     if steps is None and metrics:
@@ -102,9 +100,18 @@ def load_run(run_dir: str | os.PathLike) -> Run:
         status=status,
         steps=int(steps) if _is_number(steps) else None,
         final=final,
+        initial=initial,
         metrics=metrics,
         note="" if has_summary else "no summary.json",
     )
+
+
+def _numbers(summary: dict[str, Any], key: str, path: Path) -> dict[str, float]:
+    """The numeric entries of one evaluation in summary.json ("final" or "initial"); absent is empty."""
+    raw = summary.get(key, {}) or {}
+    if not isinstance(raw, dict):
+        raise ReportError(f"{path}: {key!r} must be a mapping, got {type(raw).__name__}")
+    return {k: float(v) for k, v in raw.items() if _is_number(v)}
 
 
 def _read_rows(path: Path, torn_tail: bool) -> list[dict[str, Any]]:
