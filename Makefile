@@ -49,3 +49,9 @@ runs/models/code_share%/model.safetensors: $(VENV)/.base
 .PHONY: minicode-share
 minicode-share: runs/models/code_share0/model.safetensors runs/models/code_share10/model.safetensors bubblewrap
 	$(BIN)/rhlab sweep configs/sweep_minicode_share.yaml
+
+# on the 10 %-share model: the SVD candidate's 5-seed confirmation (docs/minicode.md) and the projection
+# experiment's arms on the code loophole (docs/projection.md)
+.PHONY: minicode-svd-confirm minicode-projection
+minicode-svd-confirm minicode-projection: minicode-%: runs/models/code_share10/model.safetensors bubblewrap
+	$(BIN)/rhlab sweep configs/sweep_minicode_$(subst -,_,$*).yaml
