@@ -93,6 +93,22 @@ def test_on_gradients_projects_every_module_and_logs_diagnostics():
     assert arm.extra_evals(None)["proj"]["frac_fired"] == pytest.approx(2 / 3)
 
 
+def test_update_cos_measures_the_optimizer_step_not_the_gradient():
+    """AdamW's first step is -lr * sign(g): a gradient the projection made orthogonal to v = (1, 2, 0)/sqrt(5),
+    g = (2, -1, 0), becomes the step -lr (1, -1, 0), whose (negated) cos with v is (1 - 2) / sqrt(10)."""
+    arm = fake_projection_trainer([[2.0, -1.0, 0.0]], [[1.0, 2.0, 0.0]])
+    arm.on_gradients(None)
+    assert torch.equal(arm.modules["m0"].delta_S.grad, torch.tensor([2.0, -1.0, 0.0]))  # cos 0: not fired
+    torch.optim.AdamW([arm.modules["m0"].delta_S], lr=0.1, weight_decay=0.0).step()
+    m = arm.metrics()
+    assert m["proj/cos/m0"] == pytest.approx(0.0, abs=1e-7)
+    assert m["proj/update_cos"] == pytest.approx(-1 / 10 ** 0.5, abs=1e-5)
+    sgd = fake_projection_trainer([[2.0, -1.0, 0.0]], [[1.0, 2.0, 0.0]])  # plain SGD keeps it orthogonal
+    sgd.on_gradients(None)
+    torch.optim.SGD([sgd.modules["m0"].delta_S], lr=0.1).step()
+    assert sgd.metrics()["proj/update_cos"] == pytest.approx(0.0, abs=1e-6)
+
+
 def test_measure_only_mode_leaves_gradients_alone():
     arm = fake_projection_trainer([[1.0, 1.0]], [[1.0, 0.0]], project_on=False)
     arm.on_gradients(None)
@@ -260,6 +276,7 @@ def test_projection_arm_trains_and_reports_its_diagnostics(tmp_path, capsys):
     d = tmp_path / summary["run_name"]
     rows = read_jsonl(d / "metrics.jsonl")
     assert all(0 <= r["proj/frac_fired"] <= 1 and r["proj/grad_norm"] > 0 for r in rows)
+    assert all(-1 <= r["proj/update_cos"] <= 1 for r in rows)  # every step moved delta_S
     cos = [k for k in rows[-1] if k.startswith("proj/cos/")]  # one per SVD module, short names
     assert "proj/cos/L0.q_proj" in cos and len(cos) >= 7, cos
     assert all(-1 <= rows[-1][k] <= 1 for k in cos)

@@ -15,7 +15,10 @@ in the span), "fired" when that exceeds 1e-6.
 Diagnostics per step (metrics.jsonl): proj/mean_cos, proj/std_cos (over modules), proj/grad_norm
 (mean |g| over modules, before projection), proj/frac_fired (fraction of modules with cos > 0), and
 each module's own cos as proj/cos/<module> (short_name: "L0.q_proj", "lm_head"), so a trajectory shows
-which modules engage.
+which modules engage, and proj/update_cos: the same cos for the optimizer's actual step (its negative,
+so the sign matches the gradient's), averaged over modules. Projection makes the gradient orthogonal
+to v_hack, not the update: AdamW's per-coordinate scaling turns a gradient orthogonal to a direction
+that is not a coordinate axis into a step that is not.
 Their mean over the last `window` steps goes into every evaluation as proj/<name>, so into
 summary.json "final" and the report's table.
 """
@@ -146,6 +149,8 @@ class Projection(SVDArm):
         self.v: dict[str, torch.Tensor] = {}
         self.meta: dict = {}
         self._calls: list[dict] = []  # on_gradients calls since the last metrics()
+        self._before: dict[str, torch.Tensor] = {}  # delta_S before the pending optimizer step
+        self._updates: list[float] = []  # each optimizer step's update cos since the last metrics()
         self.history: list[dict] = []  # one row per step
 
     def direction_path(self, settings: dict) -> Path:
@@ -192,7 +197,26 @@ class Projection(SVDArm):
                 shutil.copyfile(stem + suffix, dest / f"v_hack{suffix}")
         (dest / "path.txt").write_text(str(path) + "\n")
 
+    def _close_update(self) -> None:
+        """Record the last optimizer step's update against v_hack: cos(-(delta_S now - at on_gradients), v)
+        averaged over modules (for a span: the update's share inside it), on the gradient's scale (positive =
+        the step moves as a hack-ward gradient would). The projection acts on the gradient; an optimizer
+        that rescales coordinates (Adam) can put part of the update back along v_hack."""
+        if not self._before:
+            return
+        coss = []
+        for name, before in self._before.items():
+            step = before - self.modules[name].delta_S.detach().float()  # -(update)
+            if step.norm() > 1e-12:
+                coss.append(project_span(step, self.basis[name], False)[1] if self.basis
+                            else float(step @ self.v[name] / step.norm()))
+        if coss:
+            self._updates.append(sum(coss) / len(coss))
+        self._before = {}
+
     def on_gradients(self, trainer) -> None:
+        self._close_update()  # a step with several optimizer steps (num_iterations > 1)
+        self._before = {n: m.delta_S.detach().float().clone() for n, m in self.modules.items()}
         coss, norms, fired, per_module = [], [], 0, {}
         for name, m in self.modules.items():
             g = m.delta_S.grad
@@ -213,15 +237,17 @@ class Projection(SVDArm):
                             "modules": per_module})
 
     def metrics(self) -> dict[str, float]:
+        self._close_update()  # called after the step's last optimizer step
         if not self._calls:
             return {}
         n = len(self._calls)
         row = {k: sum(c[k] for c in self._calls) / n for k in DIAGNOSTICS}
         seen = [(m, c) for call in self._calls for m, c in call["modules"].items()]
         cos = {m: sum(c for k, c in seen if k == m) / sum(k == m for k, _ in seen) for m in dict(seen)}
-        self._calls = []
+        update = {"proj/update_cos": sum(self._updates) / len(self._updates)} if self._updates else {}
+        self._calls, self._updates = [], []
         self.history.append(row)
-        return {**{f"proj/{k}": v for k, v in row.items()}, **{f"proj/cos/{m}": v for m, v in cos.items()}}
+        return {**{f"proj/{k}": v for k, v in row.items()}, **update, **{f"proj/cos/{m}": v for m, v in cos.items()}}
 
     def state_dict(self) -> dict:
         """The per-step diagnostics, so a resumed run's window means cover the steps before the resume."""
