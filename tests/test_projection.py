@@ -60,6 +60,18 @@ def test_projection_is_a_no_op_when_cos_is_not_positive(g):
     assert not fired and cos <= 0 and torch.equal(new, g)
 
 
+def test_two_sided_projection_removes_a_negative_component_too():
+    v = unit(torch.tensor([1.0, 0.0]))
+    g = torch.tensor([-3.0, 4.0])
+    assert project(g, v)[2] is False  # one-sided: cos < 0 is left alone
+    new, cos, fired = project(g, v, rescale=False, two_sided=True)
+    assert fired and cos == pytest.approx(-0.6) and torch.allclose(new, torch.tensor([0.0, 4.0]))
+    new, _, _ = project(g, v, two_sided=True)
+    assert torch.allclose(new, torch.tensor([0.0, 5.0]))  # rescaled to |g|
+    with pytest.raises(ValueError, match="two_sided"):
+        Projection(two_sided=True, span_modes=["a", "b"])
+
+
 def test_projection_of_a_parallel_gradient_is_zero_not_noise():
     v = unit(torch.tensor([1.0, 2.0, 3.0]))
     new, cos, fired = project(4 * v, v)

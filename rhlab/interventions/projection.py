@@ -4,7 +4,10 @@ Every step, every SVD module, between backward and the optimizer step:
     cos = g . v / |g|;  if cos > 0:  g <- g - cos |g| v,  then rescale to the original |g|
 (the max(0, cos) is directional correctness, not gating: projecting when cos < 0 would *add*
 hack component). `rescale: false` is the no-magnitude-preservation ablation; `project: false`
-only measures (the vanilla SVD arm: what the projection *would* do).
+only measures (the vanilla SVD arm: what the projection *would* do). `two_sided: true` removes the
+component of either sign: the one-sided rule keeps every negative component, so the gradients that
+reach the optimizer lean against v_hack on average, and momentum accumulates that lean into a steady
+drift along -v_hack.
 
 `span_modes: [A, B, ...]` is the multi-direction arm: one direction per listed mode (each extracted
 from that mode's pairs alone), orthonormalised per module into a basis Q [r, k], and the gradient's
@@ -50,15 +53,17 @@ def short_name(module: str) -> str:
     return f"L{m[1]}.{m[2]}" if m else module.rsplit(".", 1)[-1]
 
 
-def project(g: torch.Tensor, v: torch.Tensor, rescale: bool = True) -> tuple[torch.Tensor, float, bool]:
-    """(new g, cos, fired) for one module: remove the positive component along unit v."""
+def project(g: torch.Tensor, v: torch.Tensor, rescale: bool = True,
+            two_sided: bool = False) -> tuple[torch.Tensor, float, bool]:
+    """(new g, cos, fired) for one module: remove the positive component along unit v (two_sided: the
+    component of either sign)."""
     assert g.dim() == 1 and g.shape == v.shape, f"g {tuple(g.shape)} and v {tuple(v.shape)} must be equal vectors"
     assert abs(float(v.norm()) - 1) < 1e-4, f"v must be unit, |v| = {float(v.norm()):.6f}"
     norm = g.norm()
     if norm < 1e-12:
         return g, 0.0, False
     cos = g @ v / norm
-    if cos <= 0:
+    if cos == 0 or (cos < 0 and not two_sided):
         return g, float(cos), False
     out = g - cos * norm * v
     if rescale:
@@ -126,8 +131,9 @@ class SVDArm(Intervention):
 class Projection(SVDArm):
     name = "svd_projection"
 
-    def __init__(self, project: bool = True, rescale: bool = True, pairs: str = "happy_stories",
-                 pair_params: dict | None = None, modes: list[str] | None = None, heldout_frac: float = 0.25,
+    def __init__(self, project: bool = True, rescale: bool = True, two_sided: bool = False,
+                 pairs: str = "happy_stories", pair_params: dict | None = None, modes: list[str] | None = None,
+                 heldout_frac: float = 0.25,
                  direction_seed: int = 0, direction: str | None = None, extract_if_missing: bool = True,
                  allow_failed_validation: bool = False, window: int = 25, svd: dict | None = None,
                  span_modes: list[str] | None = None):
@@ -141,7 +147,9 @@ class Projection(SVDArm):
         self.basis: dict[str, torch.Tensor] = {}
         if window <= 0:
             raise ValueError(f"intervention.params.window must be > 0, got {window}")
-        self.project_on, self.rescale, self.window = project, rescale, window
+        if two_sided and span_modes is not None:
+            raise ValueError("intervention.params.two_sided: the span projection removes both signs already")
+        self.project_on, self.rescale, self.two_sided, self.window = project, rescale, two_sided, window
         self.pairs, self.pair_params, self.modes = pairs, dict(pair_params or {}), modes
         self.heldout_frac, self.direction_seed = heldout_frac, direction_seed
         self.direction, self.extract_if_missing = direction, extract_if_missing
@@ -223,7 +231,7 @@ class Projection(SVDArm):
             if g is None:
                 continue
             new, cos, hit = (project_span(g.float(), self.basis[name], self.rescale) if self.basis
-                             else project(g.float(), self.v[name], self.rescale))
+                             else project(g.float(), self.v[name], self.rescale, self.two_sided))
             coss.append(cos)
             per_module[short_name(name)] = cos
             norms.append(float(g.norm()))
