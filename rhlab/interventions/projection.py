@@ -133,10 +133,9 @@ class Projection(SVDArm):
 
     def __init__(self, project: bool = True, rescale: bool = True, two_sided: bool = False,
                  pairs: str = "happy_stories", pair_params: dict | None = None, modes: list[str] | None = None,
-                 heldout_frac: float = 0.25,
-                 direction_seed: int = 0, direction: str | None = None, extract_if_missing: bool = True,
-                 allow_failed_validation: bool = False, window: int = 25, svd: dict | None = None,
-                 span_modes: list[str] | None = None):
+                 heldout_frac: float = 0.25, direction_seed: int = 0, direction: str | None = None,
+                 extract_if_missing: bool = True, allow_failed_validation: bool = False, window: int = 25,
+                 svd: dict | None = None, span_modes: list[str] | None = None):
         super().__init__(svd)
         if not self.svd["enabled"]:
             raise ValueError("intervention.params.svd.enabled: svd_projection needs the SVD adapter (true)")
@@ -215,9 +214,9 @@ class Projection(SVDArm):
         coss = []
         for name, before in self._before.items():
             step = before - self.modules[name].delta_S.detach().float()  # -(update)
-            if step.norm() > 1e-12:
-                coss.append(project_span(step, self.basis[name], False)[1] if self.basis
-                            else float(step @ self.v[name] / step.norm()))
+            if step.norm() > 1e-12:  # a module the step did not move has no direction
+                coss.append((project_span(step, self.basis[name], False) if self.basis
+                             else project(step, self.v[name], False))[1])
         if coss:
             self._updates.append(sum(coss) / len(coss))
         self._before = {}
